@@ -1,0 +1,8 @@
+"""Drafters: cheap proposals of the next few tokens, all verified by the target."""
+
+from decoding.drafters.base import Drafter, Proposal
+from decoding.drafters.composite import CompositeDrafter
+from decoding.drafters.draft_model import DraftModelDrafter
+from decoding.drafters.ngram import NgramDrafter
+
+__all__ = ["CompositeDrafter", "DraftModelDrafter", "Drafter", "NgramDrafter", "Proposal"]

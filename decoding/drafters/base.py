@@ -1,0 +1,49 @@
+"""The drafter interface, after HF's CandidateGenerator: `propose` tokens, `observe` how many were kept."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+import torch
+
+from decoding.sampling import SamplingParams
+
+
+@dataclass
+class Proposal:
+    tokens: list[int] = field(default_factory=list)
+    # [k, V] the distribution q each token was drawn from; None when every token is deterministic
+    # (one-hot q: n-gram lookup, grammar-forced tokens) or decoding is greedy
+    probs: torch.Tensor | None = None
+    # [k] which drafter proposed each token
+    sources: list[str] = field(default_factory=list)
+    # how many of the tokens a model had to run for (the rest were free)
+    model_drafted: int = 0
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+class Drafter(ABC):
+    name: str = "drafter"
+
+    @abstractmethod
+    def propose(
+        self, context: list[int], max_tokens: int, params: SamplingParams, generator: torch.Generator
+    ) -> Proposal:
+        """Up to `max_tokens` tokens likely to follow `context` (prompt + output so far)."""
+
+    def observe(self, num_proposed: int, num_accepted: int) -> None:  # noqa: B027 - optional hook
+        """Feedback after verification: the first `num_accepted` of `num_proposed` tokens were kept."""
+
+    def reset(self) -> None:  # noqa: B027 - optional hook
+        """Forget per-request state before a new request."""
+
+    def prepare(self, max_seq_len: int) -> None:  # noqa: B027 - optional hook
+        """Make room for sequences of up to `max_seq_len` tokens."""
+
+    @property
+    def cost_per_token(self) -> float:
+        """What proposing one token costs, in target decode steps (0 for a free drafter)."""
+        return 0.0

@@ -1,0 +1,76 @@
+"""Chain drafters: the first proposes what it can, the next continues from there, and so on.
+
+Each token keeps the distribution it was drawn from (one-hot for deterministic drafters), so the
+chained proposal is still a valid q for rejection sampling.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from decoding.drafters.base import Drafter, Proposal
+from decoding.sampling import SamplingParams
+
+
+class CompositeDrafter(Drafter):
+    def __init__(self, drafters: list[Drafter]) -> None:
+        if not drafters:
+            raise ValueError("a composite drafter needs at least one drafter")
+        self.drafters = drafters
+        self.name = "+".join(d.name for d in drafters)
+        self._last_split: list[int] = []
+
+    def reset(self) -> None:
+        for d in self.drafters:
+            d.reset()
+
+    def prepare(self, max_seq_len: int) -> None:
+        for d in self.drafters:
+            d.prepare(max_seq_len)
+
+    @property
+    def cost_per_token(self) -> float:
+        return max(d.cost_per_token for d in self.drafters)
+
+    def propose(
+        self, context: list[int], max_tokens: int, params: SamplingParams, generator: torch.Generator
+    ) -> Proposal:
+        parts: list[Proposal] = []
+        total = 0
+        for drafter in self.drafters:
+            if total >= max_tokens:
+                break
+            drafted = [t for p in parts for t in p.tokens]
+            part = drafter.propose(context + drafted, max_tokens - total, params, generator)
+            parts.append(part)
+            total += len(part)
+        self._last_split = [len(p) for p in parts]
+        return _concat(parts)
+
+    def observe(self, num_proposed: int, num_accepted: int) -> None:
+        # each drafter hears about its own slice of the proposal
+        offset = 0
+        for drafter, size in zip(self.drafters, self._last_split, strict=False):
+            if size:
+                drafter.observe(size, max(0, min(size, num_accepted - offset)))
+            offset += size
+            if num_accepted < offset:
+                break
+
+
+def _concat(parts: list[Proposal]) -> Proposal:
+    tokens = [t for p in parts for t in p.tokens]
+    sources = [s for p in parts for s in p.sources]
+    dense = [p.probs for p in parts if p.probs is not None]
+    probs = None
+    if dense:
+        vocab = dense[0].shape[-1]
+        rows = []
+        for p in parts:
+            if p.probs is not None:
+                rows.append(p.probs)
+            elif p.tokens:
+                # a deterministic proposal is a one-hot q
+                rows.append(torch.nn.functional.one_hot(torch.tensor(p.tokens), vocab).to(dense[0].dtype))
+        probs = torch.cat(rows)  # [k, V]
+    return Proposal(tokens=tokens, probs=probs, sources=sources, model_drafted=sum(p.model_drafted for p in parts))

@@ -1,0 +1,234 @@
+"""The generate loop: prefill, then decode — one token per target pass, or speculatively several.
+
+After gpt-fast's `generate.py`. Each step feeds the last emitted token (not yet in the KV cache) plus the
+drafter's k proposals to the target in one forward pass at position `pos`, giving k + 1 next-token
+distributions; the verifier keeps a prefix of the drafts and adds one token of its own. Cache entries
+past the kept tokens are stale and are overwritten by the next pass: rollback is free.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from decoding.adaptive import ControllerConfig, SpeculationController
+from decoding.drafters.base import Drafter, Proposal
+from decoding.errors import ContextLengthError, InvalidRequestError
+from decoding.loading import LoadedModel
+from decoding.rejection_sampler import rejection_sample, verify_greedy
+from decoding.sampling import SamplingParams, next_token, processed_probs
+from decoding.stats import SpecStats
+from decoding.stopping import StopChecker
+from decoding.tokenizer import IncrementalDetokenizer
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    max_new_tokens: int = 256
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    stop: tuple[str, ...] = ()
+    speculative: bool = True
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 0:
+            raise InvalidRequestError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+        if any(not s for s in self.stop):
+            raise InvalidRequestError("stop sequences must be non-empty strings")
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list[int]  # every generated token, EOS included when it ended the generation
+    finish_reason: str  # "stop" (EOS or a stop sequence) or "length"
+    prompt_tokens: int
+    stats: SpecStats
+    prefill_s: float = 0.0  # time to the first token
+    decode_s: float = 0.0  # time from the first token to the last
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.token_ids)
+
+
+class Generation:
+    """A running generation: iterate for text deltas (never a split UTF-8 character); then `.result`.
+
+    Closing it early (or breaking out of the loop) stops the decode loop: a client that disconnects
+    cancels its generation.
+    """
+
+    def __init__(self, engine: Engine, prompt: list[int], config: GenerationConfig) -> None:
+        self.engine = engine
+        self.prompt = prompt
+        self.config = config
+        self.stats = SpecStats()
+        self.token_ids: list[int] = []
+        self.text = ""
+        self.finish_reason: str | None = None
+        self._result: GenerationResult | None = None
+        self._started = time.perf_counter()
+        self._first_token_at: float | None = None
+        self._iter = self._run()
+
+    def __iter__(self) -> Iterator[str]:
+        return self._iter
+
+    def __next__(self) -> str:
+        return next(self._iter)
+
+    def close(self) -> None:
+        self._iter.close()
+
+    @property
+    def result(self) -> GenerationResult:
+        if self._result is None:
+            for _ in self._iter:
+                pass
+        assert self._result is not None
+        return self._result
+
+    def _run(self) -> Iterator[str]:
+        tokenizer = self.engine.target.tokenizer
+        eos = frozenset() if self.config.ignore_eos else tokenizer.eos_token_ids
+        detok = IncrementalDetokenizer(tokenizer, self.prompt)
+        stops = StopChecker(self.config.stop)
+        emitted_chars = 0
+        steps = self.engine.decode_tokens(self.prompt, self.config, self.stats)
+        try:
+            for new in steps:
+                if self._first_token_at is None:
+                    self._first_token_at = time.perf_counter()
+                for i, token in enumerate(new):
+                    if token in eos:
+                        new = new[: i + 1]
+                        self.finish_reason = "stop"
+                        break
+                self.token_ids.extend(new)
+                visible = [t for t in new if t not in eos]
+                self.text += detok.push(visible)
+                if self.finish_reason is not None or len(self.token_ids) >= self.config.max_new_tokens:
+                    self.finish_reason = self.finish_reason or "length"
+                    self.text += detok.flush()
+                cut = stops.find(self.text)
+                if cut is not None:
+                    self.text, self.finish_reason = self.text[:cut], "stop"
+                safe = len(self.text) if self.finish_reason else stops.safe_length(self.text)
+                if safe > emitted_chars:
+                    yield self.text[emitted_chars:safe]
+                    emitted_chars = safe
+                if self.finish_reason is not None:
+                    break
+            if self.finish_reason is None:  # max_new_tokens == 0
+                self.finish_reason = "length"
+        finally:
+            steps.close()
+            now = time.perf_counter()
+            first = self._first_token_at or now
+            self._result = GenerationResult(
+                text=self.text,
+                token_ids=self.token_ids,
+                finish_reason=self.finish_reason or "cancelled",
+                prompt_tokens=len(self.prompt),
+                stats=self.stats,
+                prefill_s=first - self._started,
+                decode_s=now - first,
+            )
+
+
+class Engine:
+    """A target model, optionally a drafter, and the decode loop. One request at a time."""
+
+    def __init__(
+        self,
+        target: LoadedModel,
+        drafter: Drafter | None = None,
+        max_draft_tokens: int = 8,
+        controller: ControllerConfig | None = None,
+    ) -> None:
+        self.target = target
+        self.drafter = drafter
+        self.max_draft_tokens = max_draft_tokens
+        self.controller_config = controller or ControllerConfig()
+
+    @property
+    def max_context(self) -> int:
+        return self.target.model.args.max_seq_len
+
+    def generate(self, prompt: list[int], config: GenerationConfig) -> Generation:
+        """Start generating after `prompt` token ids; iterate the result for text deltas."""
+        if not prompt:
+            bos = self.target.tokenizer.bos_token_id
+            if bos is None:
+                raise InvalidRequestError("empty prompt and the tokenizer has no BOS token to start from")
+            prompt = [bos]
+        return Generation(self, list(prompt), config)
+
+    def complete(self, prompt: list[int], config: GenerationConfig) -> GenerationResult:
+        return self.generate(prompt, config).result
+
+    def decode_tokens(self, prompt: list[int], config: GenerationConfig, stats: SpecStats) -> Iterator[list[int]]:
+        """Yield the tokens each target pass emits (1 without speculation, accepted + 1 with it)."""
+        budget = config.max_new_tokens
+        if budget == 0:
+            return
+        model = self.target.model
+        drafter = self.drafter if config.speculative else None
+        k_max = self.max_draft_tokens if drafter is not None else 0
+        need = len(prompt) + budget + k_max + 1
+        if len(prompt) + budget > self.max_context:
+            raise ContextLengthError(
+                f"prompt of {len(prompt)} tokens plus {budget} new tokens exceeds the context of {self.max_context}"
+            )
+        model.setup_cache(min(need, self.max_context))
+        params = config.sampling
+        gen = params.generator()
+        controller = SpeculationController(self.controller_config, drafter.cost_per_token if drafter else 0.0)
+        if drafter is not None:
+            drafter.reset()
+            drafter.prepare(min(need, self.max_context))
+
+        tokens = list(prompt)
+        logits = model(torch.tensor(tokens), 0, last_only=True)  # [1, V] prefill
+        stats.target_passes += 1
+        token = next_token(logits[-1], params, gen)
+        tokens.append(token)
+        produced = 1
+        yield [token]
+        pos = len(tokens) - 1  # position of the last token, which is not in the cache yet
+
+        while produced < budget:
+            proposal = Proposal()
+            # drafts beyond the budget or the cache would be wasted: each pass emits accepted + 1
+            room = min(budget - produced - 1, self.max_context - pos - 1, k_max)
+            if drafter is not None and room > 0:
+                if controller.should_speculate():
+                    proposal = drafter.propose(tokens, room, params, gen)
+                else:
+                    stats.paused_steps += 1
+            k = len(proposal)
+            inp = torch.tensor([token, *proposal.tokens])  # [k + 1]
+            logits = model(inp, pos)  # [k + 1, V]
+            stats.target_passes += 1
+            if k == 0:
+                emitted = [next_token(logits[0], params, gen)]
+            else:
+                if params.greedy:
+                    verdict = verify_greedy(proposal.tokens, logits.argmax(-1).tolist())
+                else:
+                    target_probs = processed_probs(logits, params)  # [k + 1, V]
+                    verdict = rejection_sample(proposal.tokens, proposal.probs, target_probs, gen)
+                emitted = [*proposal.tokens[: verdict.num_accepted], verdict.next_token]
+                assert drafter is not None
+                drafter.observe(k, verdict.num_accepted)
+                controller.observe(k, verdict.num_accepted, proposal.model_drafted)
+                stats.record(proposal.sources, verdict.num_accepted)
+            tokens.extend(emitted)
+            pos += len(emitted)
+            token = emitted[-1]
+            produced += len(emitted)
+            yield emitted

@@ -1,0 +1,204 @@
+"""A lean llama-family decoder with a static KV cache, after pytorch-labs/gpt-fast `model.py`.
+
+The cache is a preallocated buffer written at `input_pos`; attention reads only positions <= the query's,
+so rolling back rejected draft tokens costs nothing: the next forward overwrites them. Keys, values and
+attention are kept in float32 even for a bf16 model (float64 for a float64 one): on CPU that is both
+more exact and faster than bf16 attention, and the cache is small next to the weights. Covers llama,
+mistral and qwen2-style checkpoints (RMSNorm, rotary embeddings in the half-split layout of HF, grouped
+query attention, SwiGLU MLP, optional q/k/v bias, tied or untied LM head).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    vocab_size: int
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    intermediate_size: int
+    norm_eps: float = 1e-5
+    rope_base: float = 10000.0
+    max_seq_len: int = 4096
+    qkv_bias: bool = False
+    tie_embeddings: bool = True
+
+    @property
+    def head_dim(self) -> int:
+        return self.dim // self.n_heads
+
+
+class KVCache(nn.Module):
+    """Keys and values of every layer position, written in place at `input_pos`."""
+
+    def __init__(self, n_kv_heads: int, max_seq_len: int, head_dim: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        shape = (1, n_kv_heads, max_seq_len, head_dim)
+        self.register_buffer("k", torch.zeros(shape, dtype=dtype), persistent=False)
+        self.register_buffer("v", torch.zeros(shape, dtype=dtype), persistent=False)
+
+    def update(
+        self, start: int, k: torch.Tensor, v: torch.Tensor, end: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        # k, v: (1, n_kv, T, hd), written at positions [start, start + T)
+        t = k.shape[2]
+        self.k[:, :, start : start + t] = k
+        self.v[:, :, start : start + t] = v
+        return self.k[:, :, :end], self.v[:, :, :end]  # (1, n_kv, end, hd)
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # normalise in float32, as HF llama does, then cast back
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def rope_tables(args: ModelArgs, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin for every position, (max_seq_len, head_dim), half-split layout."""
+    hd = args.head_dim
+    inv_freq = 1.0 / (args.rope_base ** (torch.arange(0, hd, 2, dtype=torch.float64) / hd))
+    t = torch.arange(args.max_seq_len, dtype=torch.float64)
+    freqs = torch.outer(t, inv_freq)  # (S, hd/2)
+    emb = torch.cat([freqs, freqs], dim=-1)  # (S, hd)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x: (1, nh, T, hd); cos, sin: (T, hd)
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.n_heads = args.n_heads
+        self.n_kv_heads = args.n_kv_heads
+        self.head_dim = args.head_dim
+        kv_dim = self.n_kv_heads * self.head_dim
+        # q, k and v in one matmul: fewer kernel launches per token
+        self.wqkv = nn.Linear(args.dim, args.dim + 2 * kv_dim, bias=args.qkv_bias)
+        self.wo = nn.Linear(args.dim, args.dim, bias=False)
+        self.kv_cache: KVCache | None = None
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        # x: (1, T, D)
+        _, t, d = x.shape
+        kv_dim = self.n_kv_heads * self.head_dim
+        q, k, v = self.wqkv(x).split([d, kv_dim, kv_dim], dim=-1)
+        assert self.kv_cache is not None, "call setup_cache() before forward()"
+        adt = cos.dtype  # attention dtype: float32, or float64 for a float64 model
+        q = q.view(1, t, self.n_heads, self.head_dim).transpose(1, 2).to(adt)  # (1, nh, T, hd)
+        k = k.view(1, t, self.n_kv_heads, self.head_dim).transpose(1, 2).to(adt)  # (1, nkv, T, hd)
+        v = v.view(1, t, self.n_kv_heads, self.head_dim).transpose(1, 2).to(adt)  # (1, nkv, T, hd)
+        q = apply_rope(q, cos, sin)
+        k = apply_rope(k, cos, sin)
+        k, v = self.kv_cache.update(start, k, v, start + t)  # (1, nkv, start+T, hd)
+        # a single query attends to every cached position: no mask needed
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, is_causal=False, enable_gqa=self.n_kv_heads != self.n_heads
+        )  # (1, nh, T, hd)
+        return self.wo(y.transpose(1, 2).reshape(1, t, d).to(x.dtype))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.intermediate_size = args.intermediate_size
+        self.w13 = nn.Linear(args.dim, 2 * args.intermediate_size, bias=False)  # gate and up in one matmul
+        self.w2 = nn.Linear(args.intermediate_size, args.dim, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.w13(x).split(self.intermediate_size, dim=-1)
+        return self.w2(F.silu(gate) * up)
+
+
+class Block(nn.Module):
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.attention_norm = RMSNorm(args.dim, args.norm_eps)
+        self.attention = Attention(args)
+        self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
+        self.feed_forward = FeedForward(args)
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int, mask: torch.Tensor | None
+    ) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), cos, sin, start, mask)
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+class Transformer(nn.Module):
+    """forward(tokens at positions [start, start + T)) -> logits (T, V) of the next token after each."""
+
+    def __init__(self, args: ModelArgs) -> None:
+        super().__init__()
+        self.args = args
+        self.tok_embeddings = nn.Embedding(args.vocab_size, args.dim)
+        self.layers = nn.ModuleList(Block(args) for _ in range(args.n_layers))
+        self.norm = RMSNorm(args.dim, args.norm_eps)
+        self.output = nn.Linear(args.dim, args.vocab_size, bias=False)
+        if args.tie_embeddings:
+            self.output.weight = self.tok_embeddings.weight
+        self.max_seq_len = 0
+        self.register_buffer("rope_cos", torch.empty(0), persistent=False)
+        self.register_buffer("rope_sin", torch.empty(0), persistent=False)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.tok_embeddings.weight.dtype
+
+    @property
+    def attention_dtype(self) -> torch.dtype:
+        return torch.float64 if self.dtype == torch.float64 else torch.float32
+
+    def setup_cache(self, max_seq_len: int) -> None:
+        """Allocate the KV cache for sequences of up to `max_seq_len` tokens (idempotent)."""
+        max_seq_len = min(max_seq_len, self.args.max_seq_len)
+        if max_seq_len <= self.max_seq_len and self.rope_cos.dtype == self.attention_dtype:
+            return
+        self.max_seq_len = max_seq_len
+        adt = self.attention_dtype
+        for layer in self.layers:
+            layer.attention.kv_cache = KVCache(self.args.n_kv_heads, max_seq_len, self.args.head_dim, adt)
+        cos, sin = rope_tables(self.args, adt)
+        self.rope_cos, self.rope_sin = cos[:max_seq_len], sin[:max_seq_len]
+
+    @torch.inference_mode()
+    def forward(self, tokens: torch.Tensor, start: int, last_only: bool = False) -> torch.Tensor:
+        # tokens: (T,) int64 at positions [start, start + T)
+        t = tokens.shape[0]
+        end = start + t
+        if end > self.max_seq_len:
+            raise ValueError(f"sequence of {end} tokens exceeds the KV cache of {self.max_seq_len}")
+        cos, sin = self.rope_cos[start:end], self.rope_sin[start:end]  # (T, hd)
+        mask = None
+        if t > 1:
+            # query i (position start + i) may read keys at positions <= start + i
+            q_pos = torch.arange(start, end).unsqueeze(1)  # (T, 1)
+            k_pos = torch.arange(end).unsqueeze(0)  # (1, end)
+            mask = k_pos <= q_pos  # (T, end)
+        x = self.tok_embeddings(tokens).unsqueeze(0)  # (1, T, D)
+        for layer in self.layers:
+            x = layer(x, cos, sin, start, mask)
+        x = x[:, -1:] if last_only else x
+        logits = self.output(self.norm(x))[0]  # (T or 1, V)
+        return logits if logits.dtype == torch.float64 else logits.float()

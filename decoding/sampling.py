@@ -1,0 +1,96 @@
+"""Sampling parameters and the *processed* next-token distribution.
+
+Target-only sampling and speculative verification both call `processed_probs`, so temperature, top-k,
+top-p and any allowed-token mask shape p (and the draft's q) identically: the precondition for
+rejection sampling to reproduce target-only sampling exactly. Order as in HF transformers: mask,
+temperature, top-k, top-p.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from decoding.errors import InvalidRequestError
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.0  # 0 means greedy
+    top_k: int = 0  # 0 means off
+    top_p: float = 1.0  # 1 means off
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise InvalidRequestError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise InvalidRequestError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def generator(self) -> torch.Generator:
+        g = torch.Generator()
+        if self.seed is None:
+            g.seed()
+        else:
+            g.manual_seed(self.seed)
+        return g
+
+
+def processed_probs(
+    # [T, V] raw logits
+    logits: torch.Tensor,
+    params: SamplingParams,
+    # [T, V] bool, True where a token is allowed; None for no constraint
+    allowed: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The distribution that sampling draws from, [T, V], each row summing to 1."""
+    x = logits
+    if allowed is not None:
+        x = x.masked_fill(~allowed, float("-inf"))
+    if params.greedy:
+        # the processed distribution of greedy decoding is one-hot at the argmax
+        return torch.nn.functional.one_hot(x.argmax(-1), x.shape[-1]).to(x.dtype)
+    x = x / params.temperature
+    if params.top_k and params.top_k < x.shape[-1]:
+        kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]  # [T, 1]
+        x = x.masked_fill(x < kth, float("-inf"))
+    probs = torch.softmax(x, dim=-1)
+    if params.top_p < 1.0:
+        sorted_p, order = probs.sort(dim=-1, descending=True)
+        # drop a token when the tokens strictly more likely already reach top_p (keep at least one)
+        before = sorted_p.cumsum(-1) - sorted_p
+        sorted_p = sorted_p.masked_fill(before >= params.top_p, 0.0)
+        probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
+def sample(
+    # [V] processed probabilities
+    probs: torch.Tensor,
+    generator: torch.Generator,
+) -> int:
+    return int(torch.multinomial(probs, 1, generator=generator).item())
+
+
+def next_token(
+    # [V] raw logits of one position
+    logits: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator,
+    allowed: torch.Tensor | None = None,
+) -> int:
+    """Target-only decoding of one token: argmax when greedy, else a sample of the processed distribution."""
+    if params.greedy:
+        if allowed is not None:
+            logits = logits.masked_fill(~allowed, float("-inf"))
+        return int(logits.argmax().item())
+    mask = None if allowed is None else allowed.unsqueeze(0)
+    return sample(processed_probs(logits.unsqueeze(0), params, mask)[0], generator)

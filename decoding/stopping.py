@@ -1,0 +1,23 @@
+"""Stop sequences over the generated text, and how much of it is safe to stream."""
+
+from __future__ import annotations
+
+
+class StopChecker:
+    def __init__(self, stops: tuple[str, ...]) -> None:
+        self.stops = stops
+
+    def find(self, text: str) -> int | None:
+        """Index where the earliest stop sequence begins, or None."""
+        hits = [i for i in (text.find(s) for s in self.stops) if i >= 0]
+        return min(hits) if hits else None
+
+    def safe_length(self, text: str) -> int:
+        """Length of the prefix that cannot turn into a stop sequence: hold back a partial match."""
+        hold = 0
+        for stop in self.stops:
+            for n in range(min(len(stop) - 1, len(text)), hold, -1):
+                if text.endswith(stop[:n]):
+                    hold = n
+                    break
+        return len(text) - hold

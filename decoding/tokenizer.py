@@ -1,0 +1,123 @@
+"""Tokenizer, chat template, and an incremental detokenizer that never splits a UTF-8 character."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from decoding.errors import ModelLoadError
+
+log = logging.getLogger(__name__)
+
+REPLACEMENT_CHAR = "\ufffd"
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("DRAFTGATE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "draftgate")
+    return Path(root)
+
+
+class Tokenizer:
+    """A thin wrapper over a HF fast tokenizer with the few operations the engine needs."""
+
+    def __init__(self, hf: Any, source: str) -> None:
+        self.hf = hf
+        self.source = source
+        self.vocab_size = len(hf)
+        self.bos_token_id: int | None = hf.bos_token_id
+        eos: set[int] = set()
+        for name in ("eos_token", "<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>"):
+            token = hf.eos_token if name == "eos_token" else name
+            if token is None:
+                continue
+            tid = hf.convert_tokens_to_ids(token)
+            if isinstance(tid, int) and tid != hf.unk_token_id and tid >= 0:
+                eos.add(tid)
+        self.eos_token_ids: frozenset[int] = frozenset(eos)
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.hf.encode(text, add_special_tokens=False))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return str(self.hf.decode(list(ids), skip_special_tokens=True))
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """Token ids of `messages` rendered by the model's chat template, ready for the assistant turn."""
+        if not self.hf.chat_template:
+            raise ModelLoadError(f"{self.source}: the tokenizer has no chat template")
+        text = self.hf.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
+        return self.encode(str(text))
+
+    def fingerprint(self) -> str:
+        """A digest of the vocabulary, equal for tokenizers that map text to the same ids."""
+        vocab = sorted(self.hf.get_vocab().items(), key=lambda kv: kv[1])
+        h = hashlib.sha256()
+        for token, tid in vocab:
+            h.update(f"{tid}\t{token}\n".encode())
+        return h.hexdigest()[:16]
+
+
+def load_tokenizer(path: Path, gguf_file: str | None = None) -> Tokenizer:
+    """Load from a HF directory, or convert from a GGUF file once and cache the result."""
+    from transformers import AutoTokenizer
+
+    if gguf_file is None:
+        try:
+            return Tokenizer(AutoTokenizer.from_pretrained(path, local_files_only=True), str(path))
+        except (OSError, ValueError) as exc:
+            raise ModelLoadError(f"{path}: no usable tokenizer ({exc})") from exc
+    gguf_path = path / gguf_file
+    stat = gguf_path.stat()
+    key = hashlib.sha256(f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    cached = _cache_dir() / "tokenizers" / key
+    if (cached / "tokenizer.json").exists():
+        return Tokenizer(AutoTokenizer.from_pretrained(cached, local_files_only=True), str(gguf_path))
+    log.info("converting the tokenizer of %s (once; cached in %s)", gguf_path, cached)
+    try:
+        hf = AutoTokenizer.from_pretrained(path, gguf_file=gguf_file, local_files_only=True)
+    except (OSError, ValueError, KeyError) as exc:
+        raise ModelLoadError(f"{gguf_path}: no usable tokenizer ({exc})") from exc
+    try:
+        cached.mkdir(parents=True, exist_ok=True)
+        hf.save_pretrained(cached)
+    except OSError as exc:  # a read-only home is no reason to fail
+        log.warning("could not cache the tokenizer in %s: %s", cached, exc)
+    return Tokenizer(hf, str(gguf_path))
+
+
+class IncrementalDetokenizer:
+    """Text deltas of a growing token sequence; holds back bytes of an unfinished UTF-8 character.
+
+    Decoding token by token breaks multi-byte characters and merges (a byte-level BPE token can hold
+    half a character). Like vLLM and TGI, decode a short window before the new tokens and emit only the
+    text beyond it, once it no longer ends in the replacement character.
+    """
+
+    def __init__(self, tokenizer: Tokenizer, prompt_tail: Sequence[int] = ()) -> None:
+        self.tokenizer = tokenizer
+        self.ids: list[int] = list(prompt_tail[-4:])
+        self.prefix_offset = 0
+        self.read_offset = len(self.ids)
+
+    def push(self, new_ids: Sequence[int]) -> str:
+        """Add tokens; return the text that became final."""
+        self.ids.extend(new_ids)
+        prefix = self.tokenizer.decode(self.ids[self.prefix_offset : self.read_offset])
+        full = self.tokenizer.decode(self.ids[self.prefix_offset :])
+        if len(full) > len(prefix) and not full.endswith(REPLACEMENT_CHAR):
+            delta = full[len(prefix) :]
+            self.prefix_offset = self.read_offset
+            self.read_offset = len(self.ids)
+            return delta
+        return ""
+
+    def flush(self) -> str:
+        """Whatever is left at the end of generation (an incomplete character stays replaced)."""
+        prefix = self.tokenizer.decode(self.ids[self.prefix_offset : self.read_offset])
+        full = self.tokenizer.decode(self.ids[self.prefix_offset :])
+        self.prefix_offset = self.read_offset = len(self.ids)
+        return full[len(prefix) :]

@@ -1,0 +1,1 @@
+"""Agent-trajectory evaluations against any OpenAI-compatible base URL (see DESIGN.md)."""

@@ -1,0 +1,123 @@
+"""The `draftgate` command: generate, bench."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+
+from decoding.errors import DecodingError
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from decoding.build import build_engine
+    from decoding.generate import GenerationConfig
+    from decoding.sampling import SamplingParams
+
+    engine = build_engine(args.model, tuple(args.drafters), args.draft, args.dtype, args.max_draft_tokens)
+    messages = [{"role": "user", "content": args.prompt}]
+    if args.system:
+        messages.insert(0, {"role": "system", "content": args.system})
+    prompt = engine.target.tokenizer.apply_chat_template(messages)
+    config = GenerationConfig(
+        max_new_tokens=args.max_tokens,
+        sampling=SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed),
+        stop=tuple(args.stop),
+        speculative=not args.no_speculative,
+    )
+    started = time.perf_counter()
+    generation = engine.generate(prompt, config)
+    for delta in generation:
+        if args.stream:
+            sys.stdout.write(delta)
+            sys.stdout.flush()
+    result = generation.result
+    elapsed = time.perf_counter() - started
+    if not args.stream:
+        sys.stdout.write(result.text)
+    sys.stdout.write("\n")
+    summary = {
+        "finish_reason": result.finish_reason,
+        "prompt_tokens": result.prompt_tokens,
+        "completion_tokens": result.completion_tokens,
+        "tokens_per_s": round(result.completion_tokens / elapsed, 1) if elapsed else 0.0,
+        **result.stats.to_dict(),
+    }
+    print(json.dumps(summary), file=sys.stderr)
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from decoding.bench.runner import BenchOptions, run_bench
+
+    options = BenchOptions(
+        quick=args.quick,
+        max_new_tokens=args.max_tokens,
+        categories=tuple(args.category) if args.category else None,
+        temperature=args.temperature,
+        include_hf=not args.no_hf,
+        dtype=args.dtype,
+        draft=args.draft,
+    )
+    report = run_bench(options)
+    print(report.table())
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report.to_dict(), f, indent=2)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="draftgate", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="generate a chat reply on a local model")
+    gen.add_argument("prompt")
+    gen.add_argument("--system", default=None)
+    gen.add_argument("--model", default="embedded", help='"embedded", a .gguf file or a HF model directory')
+    gen.add_argument("--draft", default=None, help="a draft model (.gguf or HF directory) with the same tokenizer")
+    gen.add_argument("--drafters", nargs="+", default=["ngram"], help="drafters in order: ngram, draft")
+    gen.add_argument("--dtype", default="auto", help="auto (bf16 where the CPU has it), bf16, fp32")
+    gen.add_argument("--max-tokens", type=int, default=256)
+    gen.add_argument("--max-draft-tokens", type=int, default=8)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--top-k", type=int, default=0)
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--stop", action="append", default=[])
+    gen.add_argument("--no-speculative", action="store_true", help="target-only decoding")
+    gen.add_argument("--stream", action="store_true", help="print text as it is generated")
+    gen.set_defaults(func=_generate)
+
+    bench = sub.add_parser("bench", help="benchmark the engine against HF transformers (and llama.cpp)")
+    bench.add_argument("--quick", action="store_true", help="a subset: two prompts per category")
+    bench.add_argument("--json", default=None, metavar="FILE", help="write the results as JSON")
+    bench.add_argument("--max-tokens", type=int, default=128)
+    bench.add_argument("--category", action="append", default=None, help="only these categories")
+    bench.add_argument("--temperature", type=float, default=0.0)
+    bench.add_argument("--dtype", default="auto")
+    bench.add_argument("--draft", default=None, help="a draft model to add draft-model rows")
+    bench.add_argument("--no-hf", action="store_true", help="skip the HF transformers baselines")
+    bench.set_defaults(func=_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return int(args.func(args))
+    except DecodingError as exc:
+        print(f"draftgate: error [{exc.code}]: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
