@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from decoding.drafters import CompositeDrafter, DraftModelDrafter, Drafter, NgramDrafter
+from decoding.drafters import CompositeDrafter, Drafter, DraftModelDrafter, NgramDrafter
 from decoding.errors import ModelLoadError
 from decoding.generate import Engine
 from decoding.loading import LoadedModel, check_same_tokenizer, load_model

@@ -9,7 +9,7 @@ past the kept tokens are stale and are overwritten by the next pass: rollback is
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -92,7 +92,7 @@ class Generation:
         assert self._result is not None
         return self._result
 
-    def _run(self) -> Iterator[str]:
+    def _run(self) -> Generator[str, None, None]:
         tokenizer = self.engine.target.tokenizer
         eos = frozenset() if self.config.ignore_eos else tokenizer.eos_token_ids
         detok = IncrementalDetokenizer(tokenizer, self.prompt)
@@ -171,7 +171,9 @@ class Engine:
     def complete(self, prompt: list[int], config: GenerationConfig) -> GenerationResult:
         return self.generate(prompt, config).result
 
-    def decode_tokens(self, prompt: list[int], config: GenerationConfig, stats: SpecStats) -> Iterator[list[int]]:
+    def decode_tokens(
+        self, prompt: list[int], config: GenerationConfig, stats: SpecStats
+    ) -> Generator[list[int], None, None]:
         """Yield the tokens each target pass emits (1 without speculation, accepted + 1 with it)."""
         budget = config.max_new_tokens
         if budget == 0:

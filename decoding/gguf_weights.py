@@ -64,7 +64,7 @@ def read_gguf(path: Path, max_seq_len: int | None = None) -> tuple[ModelArgs, di
 
     def load(name: str) -> np.ndarray:
         t = tensors[name]
-        return np.asarray(gguf.dequantize(t.data, t.tensor_type), dtype=np.float32)
+        return np.array(gguf.dequantize(t.data, t.tensor_type), dtype=np.float32)  # a writable copy
 
     sd: dict[str, np.ndarray] = {
         "tok_embeddings.weight": load("token_embd.weight"),  # (V, D)

@@ -114,17 +114,23 @@ def to_hf_llama(model: Transformer) -> Any:
     for i in range(a.n_layers):
         p, o = f"model.layers.{i}.", f"layers.{i}."
         q, k, v = ours[o + "attention.wqkv.weight"].split([a.dim, kv_dim, kv_dim])
-        hf[p + "self_attn.q_proj.weight"], hf[p + "self_attn.k_proj.weight"], hf[p + "self_attn.v_proj.weight"] = q, k, v
+        for proj, w in zip("qkv", (q, k, v), strict=True):
+            hf[p + f"self_attn.{proj}_proj.weight"] = w
         if a.qkv_bias:
-            qb, kb, vb = ours[o + "attention.wqkv.bias"].split([a.dim, kv_dim, kv_dim])
-            hf[p + "self_attn.q_proj.bias"], hf[p + "self_attn.k_proj.bias"], hf[p + "self_attn.v_proj.bias"] = qb, kb, vb
+            biases = ours[o + "attention.wqkv.bias"].split([a.dim, kv_dim, kv_dim])
+            for proj, b in zip("qkv", biases, strict=True):
+                hf[p + f"self_attn.{proj}_proj.bias"] = b
         hf[p + "self_attn.o_proj.weight"] = ours[o + "attention.wo.weight"]
         gate, up = ours[o + "feed_forward.w13.weight"].split(a.intermediate_size)
         hf[p + "mlp.gate_proj.weight"], hf[p + "mlp.up_proj.weight"] = gate, up
         hf[p + "mlp.down_proj.weight"] = ours[o + "feed_forward.w2.weight"]
         hf[p + "input_layernorm.weight"] = ours[o + "attention_norm.weight"]
         hf[p + "post_attention_layernorm.weight"] = ours[o + "ffn_norm.weight"]
-    hf_model = LlamaForCausalLM(config).to(model.dtype)
-    hf_model.load_state_dict(hf, strict=False)
+    hf_model: Any = LlamaForCausalLM(config)
+    hf_model = hf_model.to(model.dtype)
+    missing, unexpected = hf_model.load_state_dict(hf, strict=False)
+    missing = [k for k in missing if not (a.tie_embeddings and k == "lm_head.weight")]
+    if missing or unexpected:
+        raise ModelLoadError(f"HF llama does not fit our weights: missing {missing[:3]}, unexpected {unexpected[:3]}")
     hf_model.eval()
     return hf_model

@@ -107,7 +107,8 @@ def load_model(spec: str, dtype: str | torch.dtype = "auto", max_seq_len: int | 
         args, sd = read_hf_dir(path, max_seq_len)
         tokenizer = load_tokenizer(path)
     model = build_model(args, sd, torch_dtype)
-    log.info("loaded %s from %s (%s, %.1f M parameters)", name, path, torch_dtype, sum(p.numel() for p in model.parameters()) / 1e6)
+    millions = sum(p.numel() for p in model.parameters()) / 1e6
+    log.info("loaded %s from %s (%s, %.1f M parameters)", name, path, torch_dtype, millions)
     return LoadedModel(name=name, source=str(path), model=model, tokenizer=tokenizer)
 
 

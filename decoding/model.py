@@ -16,6 +16,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+# bf16 logits within this distance of a row's maximum are recomputed in float32 (see refine_top_logits)
+REFINE_MARGIN = 0.5
+
 
 @dataclass(frozen=True)
 class ModelArgs:
@@ -39,6 +42,9 @@ class ModelArgs:
 class KVCache(nn.Module):
     """Keys and values of every layer position, written in place at `input_pos`."""
 
+    k: torch.Tensor
+    v: torch.Tensor
+
     def __init__(self, n_kv_heads: int, max_seq_len: int, head_dim: int, dtype: torch.dtype) -> None:
         super().__init__()
         shape = (1, n_kv_heads, max_seq_len, head_dim)
@@ -61,11 +67,11 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # normalise in float32, as HF llama does, then cast back
-        xf = x.float()
+    def forward(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+        # x: (..., D) residual stream (float32); normalise in float32, cast for the next matmul
+        xf = x if x.dtype == torch.float64 else x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+        return (self.weight.to(xf.dtype) * xf).to(out_dtype or self.weight.dtype)
 
 
 def rope_tables(args: ModelArgs, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -116,7 +122,7 @@ class Attention(nn.Module):
         y = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=False, enable_gqa=self.n_kv_heads != self.n_heads
         )  # (1, nh, T, hd)
-        return self.wo(y.transpose(1, 2).reshape(1, t, d).to(x.dtype))
+        return self.wo(y.transpose(1, 2).reshape(1, t, d).to(self.wo.weight.dtype))
 
 
 class FeedForward(nn.Module):
@@ -142,12 +148,17 @@ class Block(nn.Module):
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int, mask: torch.Tensor | None
     ) -> torch.Tensor:
-        h = x + self.attention(self.attention_norm(x), cos, sin, start, mask)
-        return h + self.feed_forward(self.ffn_norm(h))
+        # x: (1, T, D) residual stream in the attention dtype; the matmuls run in the weights' dtype
+        h = x + self.attention(self.attention_norm(x), cos, sin, start, mask).to(x.dtype)
+        return h + self.feed_forward(self.ffn_norm(h)).to(x.dtype)
 
 
 class Transformer(nn.Module):
     """forward(tokens at positions [start, start + T)) -> logits (T, V) of the next token after each."""
+
+    rope_cos: torch.Tensor
+    rope_sin: torch.Tensor
+    layers: nn.ModuleList
 
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
@@ -167,6 +178,10 @@ class Transformer(nn.Module):
         return self.tok_embeddings.weight.dtype
 
     @property
+    def blocks(self) -> list[Block]:
+        return [layer for layer in self.layers if isinstance(layer, Block)]
+
+    @property
     def attention_dtype(self) -> torch.dtype:
         return torch.float64 if self.dtype == torch.float64 else torch.float32
 
@@ -177,7 +192,7 @@ class Transformer(nn.Module):
             return
         self.max_seq_len = max_seq_len
         adt = self.attention_dtype
-        for layer in self.layers:
+        for layer in self.blocks:
             layer.attention.kv_cache = KVCache(self.args.n_kv_heads, max_seq_len, self.args.head_dim, adt)
         cos, sin = rope_tables(self.args, adt)
         self.rope_cos, self.rope_sin = cos[:max_seq_len], sin[:max_seq_len]
@@ -196,9 +211,28 @@ class Transformer(nn.Module):
             q_pos = torch.arange(start, end).unsqueeze(1)  # (T, 1)
             k_pos = torch.arange(end).unsqueeze(0)  # (1, end)
             mask = k_pos <= q_pos  # (T, end)
-        x = self.tok_embeddings(tokens).unsqueeze(0)  # (1, T, D)
-        for layer in self.layers:
+        x = self.tok_embeddings(tokens).unsqueeze(0).to(cos.dtype)  # (1, T, D) residual stream
+        for layer in self.blocks:
             x = layer(x, cos, sin, start, mask)
         x = x[:, -1:] if last_only else x
-        logits = self.output(self.norm(x))[0]  # (T or 1, V)
-        return logits if logits.dtype == torch.float64 else logits.float()
+        h = self.norm(x, out_dtype=cos.dtype)[0]  # (T, D) final hidden state, float32
+        logits = self.output(h.to(self.dtype))  # (T, V)
+        if self.dtype in (torch.float32, torch.float64):
+            return logits
+        return self.refine_top_logits(h, logits.float())
+
+    def refine_top_logits(self, h: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+        """Recompute in float32 the logits near each row's maximum.
+
+        A bf16 LM head rounds logits to 8 significant bits (steps of 0.125 around 20), so exact ties
+        at the top are common, and a verify pass (k rows) and a single step (1 row) can round a tie
+        differently. The few candidates within REFINE_MARGIN of the top get float32 dot products of
+        the float32 hidden state and the weight rows; the rest keep their bf16 values, which are far
+        enough below not to matter for the argmax.
+        """
+        # h: (T, D) float32; logits: (T, V) float32 from the bf16 head
+        top = logits.max(dim=-1, keepdim=True).values  # (T, 1)
+        rows, cols = (logits >= top - REFINE_MARGIN).nonzero(as_tuple=True)  # (n,), (n,)
+        weight = self.output.weight[cols].float()  # (n, D)
+        logits[rows, cols] = (h[rows] * weight).sum(-1)  # (n,)
+        return logits

@@ -45,7 +45,9 @@ class Tokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         return str(self.hf.decode(list(ids), skip_special_tokens=True))
 
-    def apply_chat_template(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
         """Token ids of `messages` rendered by the model's chat template, ready for the assistant turn."""
         if not self.hf.chat_template:
             raise ModelLoadError(f"{self.source}: the tokenizer has no chat template")

@@ -8,14 +8,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-from collections.abc import Callable  # noqa: E402
+from collections.abc import Callable
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
-from decoding.loading import LoadedModel  # noqa: E402
-from decoding.model import ModelArgs, Transformer  # noqa: E402
-from decoding.tokenizer import Tokenizer  # noqa: E402
+from decoding.loading import LoadedModel
+from decoding.model import ModelArgs, Transformer
+from decoding.tokenizer import Tokenizer
 
 torch.set_num_threads(min(2, torch.get_num_threads()))
 

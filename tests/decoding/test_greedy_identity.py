@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decoding.drafters import CompositeDrafter, DraftModelDrafter, Drafter, NgramDrafter
+from decoding.drafters import CompositeDrafter, Drafter, DraftModelDrafter, NgramDrafter
 from decoding.generate import Engine, GenerationConfig
 from decoding.loading import LoadedModel
 from decoding.stats import SpecStats

@@ -19,7 +19,7 @@ import pytest
 import torch
 from scipy import stats as scipy_stats
 
-from decoding.drafters import CompositeDrafter, DraftModelDrafter, Drafter, NgramDrafter
+from decoding.drafters import CompositeDrafter, Drafter, DraftModelDrafter, NgramDrafter
 from decoding.generate import Engine, GenerationConfig
 from decoding.loading import LoadedModel
 from decoding.model import Transformer

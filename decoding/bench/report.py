@@ -1,0 +1,115 @@
+"""Bench results: one row per configuration and category (plus "all"), as a table or JSON."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from decoding.stats import SpecStats
+
+# A greedy divergence between two bf16 computations is a near-tie when the target's logits of the two
+# tokens differ by less than this (bf16 keeps 8 significant bits: ~0.1 at a logit of 20, and a verify
+# pass of k tokens rounds differently from k single steps).
+NEAR_TIE_GAP = 0.5
+
+
+@dataclass
+class Divergence:
+    prompt_id: str
+    position: int  # index in the generated tokens of the first difference
+    reference_token: int
+    token: int
+    logit_gap: float  # target logit of reference_token minus that of token, at that position
+
+    @property
+    def near_tie(self) -> bool:
+        return abs(self.logit_gap) < NEAR_TIE_GAP
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"prompt": self.prompt_id, "position": self.position, "reference_token": self.reference_token,
+                "token": self.token, "logit_gap": round(self.logit_gap, 4), "near_tie": self.near_tie}
+
+
+@dataclass
+class Measurement:
+    """What one configuration did on one category."""
+
+    tokens: int = 0
+    seconds: float = 0.0
+    stats: SpecStats | None = None
+    compared: int = 0  # prompts compared with the reference output
+    identical: int = 0
+    divergences: list[Divergence] = field(default_factory=list)
+
+    def add(self, tokens: int, seconds: float, stats: SpecStats | None) -> None:
+        self.tokens += tokens
+        self.seconds += seconds
+        if stats is not None:
+            if self.stats is None:
+                self.stats = SpecStats()
+            self.stats.merge(stats)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds else 0.0
+
+
+@dataclass
+class Row:
+    name: str
+    category: str
+    reference: str | None  # the configuration whose greedy output this one must equal
+    m: Measurement
+    baseline_tps: float
+
+    def to_dict(self) -> dict[str, Any]:
+        s = self.m.stats
+        spec = s is not None and s.draft_tokens > 0
+        return {
+            "name": self.name,
+            "category": self.category,
+            "tokens": self.m.tokens,
+            "seconds": round(self.m.seconds, 3),
+            "tokens_per_s": round(self.m.tokens_per_s, 2),
+            "acceptance_rate": round(s.acceptance_rate, 4) if spec and s else None,
+            "mean_acceptance_length": round(s.mean_acceptance_length, 4) if spec and s else None,
+            "target_passes_per_token": round(s.target_passes / self.m.tokens, 4) if s and self.m.tokens else None,
+            "speedup_vs_target_only": round(self.m.tokens_per_s / self.baseline_tps, 3) if self.baseline_tps else None,
+            "greedy_identical": (self.m.identical == self.m.compared) if self.reference and self.m.compared else None,
+            "reference": self.reference,
+            "identical_prompts": f"{self.m.identical}/{self.m.compared}" if self.reference else None,
+            "divergences": [d.to_dict() for d in self.m.divergences],
+            "paused_steps": s.paused_steps if s else None,
+        }
+
+
+@dataclass
+class BenchReport:
+    rows: list[Row]
+    meta: dict[str, Any]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"meta": self.meta, "configs": [r.to_dict() for r in self.rows]}
+
+    def table(self) -> str:
+        head = f"{'configuration':<26}{'category':<10}{'tok/s':>8}{'speedup':>9} {'accept':>8}{'acc.len':>8}" \
+               f"{'pass/tok':>9}  identical"
+        lines = [head, "-" * len(head)]
+        for r in self.rows:
+            d = r.to_dict()
+
+            def fmt(v: Any, spec: str) -> str:
+                width = int(spec.split(".")[0])
+                return "-".rjust(width) if v is None else format(v, spec)
+
+            ident = "-" if d["greedy_identical"] is None else ("yes" if d["greedy_identical"] else "NO")
+            if d["divergences"]:
+                ties = sum(1 for x in d["divergences"] if x["near_tie"])
+                ident += f" ({d['identical_prompts']}; {len(d['divergences'])} divergent, {ties} near-ties)"
+            lines.append(
+                f"{r.name:<26}{r.category:<10}{fmt(d['tokens_per_s'], '8.1f')}"
+                f"{fmt(d['speedup_vs_target_only'], '8.2f')}x "
+                f"{fmt(d['acceptance_rate'], '8.2f')}{fmt(d['mean_acceptance_length'], '8.2f')}"
+                f"{fmt(d['target_passes_per_token'], '9.3f')}  {ident}"
+            )
+        return "\n".join(lines)

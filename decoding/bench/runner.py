@@ -1,0 +1,178 @@
+"""Run every configuration on every prompt, interleaved, in one process; collect rows.
+
+Configurations run prompt by prompt in turn (not one configuration after another), so a slow spell of
+the machine hits all of them alike. Times include prompt processing, as the peers' numbers do.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from tqdm import tqdm
+
+from decoding.bench.baselines import HFRunner, LlamaCppRunner, llama_cpp_available
+from decoding.bench.report import BenchReport, Divergence, Measurement, Row
+from decoding.bench.workload import BenchPrompt, load_workload
+from decoding.drafters import CompositeDrafter, DraftModelDrafter, NgramDrafter
+from decoding.generate import Engine, GenerationConfig
+from decoding.loading import LoadedModel, check_same_tokenizer, embedded_gguf_path, load_model
+from decoding.sampling import SamplingParams
+from decoding.stats import SpecStats
+
+TARGET_ONLY = "engine target-only"
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    quick: bool = False
+    max_new_tokens: int = 128
+    categories: tuple[str, ...] | None = None
+    temperature: float = 0.0
+    include_hf: bool = True
+    dtype: str = "auto"
+    draft: str | None = None
+    seed: int = 0
+
+
+# a configuration: prompt ids, max tokens, seed -> (generated tokens, speculative stats or None)
+RunFn = Callable[[list[int], int, int], tuple[list[int], SpecStats | None]]
+
+
+@dataclass
+class Config:
+    name: str
+    run: RunFn
+    reference: str | None  # whose greedy output this one must reproduce
+
+
+def _engine_run(engine: Engine, speculative: bool, temperature: float) -> RunFn:
+    def run(prompt: list[int], max_new_tokens: int, seed: int) -> tuple[list[int], SpecStats | None]:
+        config = GenerationConfig(
+            max_new_tokens=max_new_tokens, sampling=SamplingParams(temperature=temperature, seed=seed),
+            speculative=speculative,
+        )
+        result = engine.complete(prompt, config)
+        return result.token_ids, result.stats
+
+    return run
+
+
+def build_configs(target: LoadedModel, draft: LoadedModel | None, options: BenchOptions) -> list[Config]:
+    greedy = options.temperature == 0.0
+    ref = TARGET_ONLY if greedy else None
+    t = options.temperature
+    configs = [
+        Config(TARGET_ONLY, _engine_run(Engine(target), False, t), None),
+        Config("engine ngram", _engine_run(Engine(target, NgramDrafter()), True, t), ref),
+    ]
+    if draft is not None:
+        check_same_tokenizer(target, draft)
+        draft_engine = Engine(target, DraftModelDrafter(draft.model))
+        configs.append(Config("engine draft", _engine_run(draft_engine, True, t), ref))
+        composite = CompositeDrafter([NgramDrafter(), DraftModelDrafter(draft.model)])
+        configs.append(Config("engine ngram+draft", _engine_run(Engine(target, composite), True, t), ref))
+    if options.include_hf and greedy:
+        hf = HFRunner(target, draft)
+        modes = ["generate", "prompt_lookup"] + (["assisted"] if draft is not None else [])
+        for mode in modes:
+            def run(prompt: list[int], n: int, seed: int, mode: str = mode) -> tuple[list[int], SpecStats | None]:
+                return hf.generate(prompt, n, mode), None
+
+            name = {"generate": "hf generate", "prompt_lookup": "hf prompt-lookup", "assisted": "hf assisted"}[mode]
+            configs.append(Config(name, run, TARGET_ONLY if mode == "generate" else "hf generate"))
+    if greedy and llama_cpp_available() and target.name == "smollm2-135m":
+        cpp = LlamaCppRunner(str(embedded_gguf_path()))
+        eos = target.tokenizer.eos_token_ids
+
+        def run_cpp(prompt: list[int], n: int, seed: int) -> tuple[list[int], SpecStats | None]:
+            return cpp.generate(prompt, n, eos), None
+
+        configs.append(Config("llama.cpp (Q4_1)", run_cpp, None))  # other kernels, other numerics
+    return configs
+
+
+def first_divergence(
+    target: LoadedModel, prompt: BenchPrompt, ids: list[int], reference: list[int], tokens: list[int]
+) -> Divergence | None:
+    """Where `tokens` leaves `reference`, and the target's logit gap between the two choices there."""
+    n = min(len(reference), len(tokens))
+    j = next((i for i in range(n) if reference[i] != tokens[i]), None)
+    if j is None:
+        if len(reference) == len(tokens):
+            return None
+        j = n  # one stopped earlier: compare the stop with the continuation
+        if j >= len(reference) or j >= len(tokens):
+            return Divergence(prompt.id, j, reference[j] if j < len(reference) else -1,
+                              tokens[j] if j < len(tokens) else -1, 0.0)
+    model = target.model
+    context = ids + reference[:j]
+    model.setup_cache(len(context) + 1)
+    logits = model(torch.tensor(context), 0, last_only=True)[-1]  # [V]
+    gap = float(logits[reference[j]] - logits[tokens[j]])
+    return Divergence(prompt.id, j, reference[j], tokens[j], gap)
+
+
+def run_bench(options: BenchOptions) -> BenchReport:
+    torch.manual_seed(options.seed)
+    target = load_model("embedded", options.dtype)
+    draft = load_model(options.draft, options.dtype) if options.draft else None
+    prompts = load_workload(options.quick, options.categories)
+    encoded = {p.id: target.tokenizer.apply_chat_template(p.messages) for p in prompts}
+    configs = build_configs(target, draft, options)
+
+    for config in configs:  # warm-up: first calls allocate caches and pick kernels
+        config.run(encoded[prompts[0].id], 8, options.seed)
+
+    outputs: dict[tuple[str, str], list[int]] = {}
+    results: dict[tuple[str, str], Measurement] = {}
+    bar = tqdm(total=len(prompts) * len(configs), desc="bench", unit="run")
+    for prompt in prompts:
+        for config in configs:
+            bar.set_postfix_str(f"{prompt.id} {config.name}")
+            start = time.perf_counter()
+            tokens, stats = config.run(encoded[prompt.id], options.max_new_tokens, options.seed)
+            seconds = time.perf_counter() - start
+            outputs[(config.name, prompt.id)] = tokens
+            for category in (prompt.category, "all"):
+                results.setdefault((config.name, category), Measurement()).add(len(tokens), seconds, stats)
+            bar.update(1)
+    bar.close()
+
+    for config in configs:
+        if config.reference is None:
+            continue
+        for prompt in prompts:
+            ref, got = outputs[(config.reference, prompt.id)], outputs[(config.name, prompt.id)]
+            divergence = first_divergence(target, prompt, encoded[prompt.id], ref, got)
+            for category in (prompt.category, "all"):
+                m = results[(config.name, category)]
+                m.compared += 1
+                if divergence is None:
+                    m.identical += 1
+                else:
+                    m.divergences.append(divergence)
+            # each divergence is listed once per category row it belongs to; "all" lists them all
+
+    categories = [c for c in dict.fromkeys(p.category for p in prompts)] + ["all"]
+    rows = []
+    for category in categories:
+        baseline = results[(TARGET_ONLY, category)].tokens_per_s
+        for config in configs:
+            rows.append(Row(config.name, category, config.reference, results[(config.name, category)], baseline))
+    meta = {
+        "target": target.source,
+        "dtype": str(target.model.dtype).removeprefix("torch."),
+        "draft": draft.source if draft else None,
+        "prompts": len(prompts),
+        "max_new_tokens": options.max_new_tokens,
+        "temperature": options.temperature,
+        "threads": torch.get_num_threads(),
+        "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
+        "torch": torch.__version__,
+        "llama_cpp": llama_cpp_available(),
+    }
+    return BenchReport(rows, meta)

@@ -1,0 +1,48 @@
+"""The processed distribution: temperature, top-k, top-p and masks as target-only sampling applies them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from decoding.errors import InvalidRequestError
+from decoding.sampling import SamplingParams, next_token, processed_probs
+
+LOGITS = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0]], dtype=torch.float64)
+
+
+def test_greedy_is_one_hot_at_the_argmax() -> None:
+    probs = processed_probs(LOGITS, SamplingParams(temperature=0.0))
+    assert probs.tolist() == [[1.0, 0.0, 0.0, 0.0, 0.0]]
+
+
+def test_temperature_scales_logits() -> None:
+    probs = processed_probs(LOGITS, SamplingParams(temperature=0.5))
+    torch.testing.assert_close(probs, torch.softmax(LOGITS / 0.5, -1))
+
+
+def test_top_k_keeps_k_tokens_renormalised() -> None:
+    probs = processed_probs(LOGITS, SamplingParams(temperature=1.0, top_k=2))[0]
+    assert (probs > 0).sum() == 2
+    torch.testing.assert_close(probs[:2], torch.softmax(LOGITS[0, :2], -1))
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p() -> None:
+    full = torch.softmax(LOGITS[0], -1)  # [0.553, 0.204, 0.124, 0.075, 0.028]
+    probs = processed_probs(LOGITS, SamplingParams(temperature=1.0, top_p=0.7))[0]
+    assert (probs > 0).tolist() == [True, True, False, False, False]
+    torch.testing.assert_close(probs[:2], full[:2] / full[:2].sum())
+
+
+def test_mask_removes_disallowed_tokens_before_everything_else() -> None:
+    allowed = torch.tensor([[False, True, True, False, False]])
+    probs = processed_probs(LOGITS, SamplingParams(temperature=1.0), allowed)[0]
+    assert probs[0] == 0 and probs[3] == 0 and abs(float(probs.sum()) - 1) < 1e-12
+    g = torch.Generator().manual_seed(0)
+    assert next_token(LOGITS[0], SamplingParams(), g, allowed[0]) == 1
+
+
+@pytest.mark.parametrize("kwargs", [{"temperature": -1.0}, {"top_k": -2}, {"top_p": 0.0}, {"top_p": 1.5}])
+def test_out_of_range_parameters_are_refused(kwargs: dict[str, float]) -> None:
+    with pytest.raises(InvalidRequestError):
+        SamplingParams(**kwargs)  # type: ignore[arg-type]
