@@ -1,0 +1,87 @@
+"""Drafters propose what they should, and a draft model's cache survives rollbacks."""
+
+from __future__ import annotations
+
+import torch
+
+from decoding.drafters import CompositeDrafter, DraftModelDrafter, NgramDrafter
+from decoding.sampling import SamplingParams
+from tests.conftest import TinyFactory
+
+GREEDY = SamplingParams()
+G = torch.Generator().manual_seed(0)
+
+
+def test_ngram_proposes_what_followed_the_latest_match() -> None:
+    d = NgramDrafter(min_n=2, max_n=3, max_tokens=4)
+    context = [1, 2, 3, 4, 5, 9, 1, 2, 3, 7, 8, 1, 2, 3]
+    # "1 2 3" occurred at the start (then 4 5 9 1) and later (then 7 8 1 2): the latest wins
+    assert d.propose(context, 4, GREEDY, G).tokens == [7, 8, 1, 2]
+
+
+def test_ngram_prefers_the_longest_match() -> None:
+    d = NgramDrafter(min_n=1, max_n=3, max_tokens=2)
+    context = [5, 6, 7, 8, 9, 6, 7, 1, 3, 5, 6, 7]
+    # bigram "6 7" last continued with 1, but the trigram "5 6 7" continued with 8
+    assert d.propose(context, 2, GREEDY, G).tokens == [8, 9]
+
+
+def test_ngram_without_a_match_proposes_nothing_and_is_incremental() -> None:
+    d = NgramDrafter(min_n=2, max_n=3)
+    assert d.propose([1, 2, 3, 4], 4, GREEDY, G).tokens == []
+    # the index grows with the context: the new bigram "3 4" now has a successor
+    assert d.propose([1, 2, 3, 4, 9, 3, 4], 4, GREEDY, G).tokens == [9, 3, 4]
+    # a different context (a new request) is re-indexed from scratch
+    assert d.propose([7, 7, 8, 7, 7], 4, GREEDY, G).tokens == [8, 7, 7]
+
+
+def test_ngram_draft_length_adapts_to_acceptance() -> None:
+    d = NgramDrafter(min_n=1, max_n=1, max_tokens=6)
+    context = [1, 2, 3, 4, 5, 6, 7, 8, 1]
+    assert len(d.propose(context, 6, GREEDY, G)) == 6
+    d.observe(6, 0)
+    d.observe(5, 2)
+    assert len(d.propose(context, 6, GREEDY, G)) == 4  # -1 per pass with a rejection
+    d.observe(4, 4)
+    assert len(d.propose(context, 6, GREEDY, G)) == 6  # +2 after a fully accepted pass
+
+
+def test_draft_model_reuses_its_cache_across_rollbacks(tiny_model: TinyFactory) -> None:
+    model = tiny_model(vocab_size=32, seed=3).model
+    reused = DraftModelDrafter(model, max_tokens=4)
+    reused.prepare(64)
+    context = [0, 5, 9, 12]
+    first = reused.propose(context, 4, GREEDY, G)
+    # the target kept 2 drafts and recovered a different third token
+    context = context + first.tokens[:2] + [(first.tokens[2] + 1) % 32]
+    second = reused.propose(context, 4, GREEDY, G)
+    fresh_model = tiny_model(vocab_size=32, seed=3).model
+    fresh = DraftModelDrafter(fresh_model, max_tokens=4)
+    fresh.prepare(64)
+    assert second.tokens == fresh.propose(context, 4, GREEDY, G).tokens
+    assert second.probs is None and second.model_drafted == 4
+
+
+def test_draft_model_samples_with_its_distribution(tiny_model: TinyFactory) -> None:
+    model = tiny_model(vocab_size=32, seed=3).model
+    d = DraftModelDrafter(model, max_tokens=3)
+    d.prepare(64)
+    p = d.propose([0, 1, 2], 3, SamplingParams(temperature=1.0, seed=1), torch.Generator().manual_seed(1))
+    assert p.probs is not None and p.probs.shape == (3, 32)
+    assert all(float(p.probs[i, t]) > 0 for i, t in enumerate(p.tokens))
+
+
+def test_composite_chains_and_marks_deterministic_rows_one_hot(tiny_model: TinyFactory) -> None:
+    model = tiny_model(vocab_size=32, seed=3).model
+    ngram = NgramDrafter(min_n=2, max_n=2, max_tokens=2)
+    draft = DraftModelDrafter(model, max_tokens=4)
+    composite = CompositeDrafter([ngram, draft])
+    composite.prepare(64)
+    context = [0, 4, 5, 6, 7, 4, 5]
+    p = composite.propose(context, 4, SamplingParams(temperature=1.0), torch.Generator().manual_seed(0))
+    assert p.tokens[:2] == [6, 7] and len(p.tokens) == 4
+    assert p.sources == ["ngram", "ngram", "draft", "draft"]
+    assert p.probs is not None
+    assert p.probs[0, 6] == 1.0 and p.probs[1, 7] == 1.0  # one-hot q for the n-gram's tokens
+    composite.observe(4, 1)  # the n-gram's second token was rejected: it shortens, the draft is not told
+    assert ngram.length.value == 1 and draft.length.value == 4

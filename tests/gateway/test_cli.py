@@ -1,0 +1,52 @@
+"""The `draftgate` command as a user runs it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def _draftgate(*args: str, timeout: int = 600) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway.cli", *args], capture_output=True, text=True, timeout=timeout,
+        cwd=Path(__file__).resolve().parents[2],
+    )
+
+
+def test_unknown_model_path_is_a_clear_error() -> None:
+    proc = _draftgate("generate", "hi", "--model", "/nonexistent/model.gguf")
+    assert proc.returncode == 2
+    assert "model_load_error" in proc.stderr and "/nonexistent/model.gguf" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_generate_streams_text_and_reports_stats() -> None:
+    proc = _draftgate("generate", "Repeat: alpha beta gamma delta.", "--max-tokens", "24", "--stream")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip()
+    summary = json.loads(proc.stderr.strip().splitlines()[-1])
+    assert summary["completion_tokens"] <= 24 and summary["target_passes"] >= 1
+    assert {"acceptance_rate", "mean_acceptance_length", "draft_tokens"} <= set(summary)
+
+
+@pytest.mark.slow
+def test_bench_quick_writes_the_documented_json(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    proc = _draftgate("bench", "--quick", "--category", "copy", "--max-tokens", "24", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text())
+    names = {r["name"] for r in data["configs"]}
+    assert {"engine target-only", "engine ngram", "hf generate", "hf prompt-lookup"} <= names
+    keys = {"name", "category", "tokens_per_s", "acceptance_rate", "mean_acceptance_length",
+            "target_passes_per_token", "speedup_vs_target_only", "greedy_identical", "divergences"}
+    for row in data["configs"]:
+        assert keys <= set(row)
+        assert row["category"] in {"copy", "all"}
+        assert row["tokens_per_s"] > 0
+    ngram = next(r for r in data["configs"] if r["name"] == "engine ngram" and r["category"] == "all")
+    assert ngram["acceptance_rate"] is not None and ngram["target_passes_per_token"] < 1.0
