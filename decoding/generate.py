@@ -114,7 +114,7 @@ class Generation:
                 if self.finish_reason is not None or len(self.token_ids) >= self.config.max_new_tokens:
                     self.finish_reason = self.finish_reason or "length"
                     self.text += detok.flush()
-                cut = stops.find(self.text)
+                cut = stops.find(self.text, emitted_chars)
                 if cut is not None:
                     self.text, self.finish_reason = self.text[:cut], "stop"
                 safe = len(self.text) if self.finish_reason else stops.safe_length(self.text)
@@ -166,6 +166,11 @@ class Engine:
             if bos is None:
                 raise InvalidRequestError("empty prompt and the tokenizer has no BOS token to start from")
             prompt = [bos]
+        if len(prompt) + config.max_new_tokens > self.max_context:
+            raise ContextLengthError(
+                f"prompt of {len(prompt)} tokens plus {config.max_new_tokens} new tokens exceeds "
+                f"the context of {self.max_context}"
+            )
         return Generation(self, list(prompt), config)
 
     def complete(self, prompt: list[int], config: GenerationConfig) -> GenerationResult:
@@ -182,10 +187,6 @@ class Engine:
         drafter = self.drafter if config.speculative else None
         k_max = self.max_draft_tokens if drafter is not None else 0
         need = len(prompt) + budget + k_max + 1
-        if len(prompt) + budget > self.max_context:
-            raise ContextLengthError(
-                f"prompt of {len(prompt)} tokens plus {budget} new tokens exceeds the context of {self.max_context}"
-            )
         model.setup_cache(min(need, self.max_context))
         params = config.sampling
         gen = params.generator()

@@ -7,9 +7,10 @@ class StopChecker:
     def __init__(self, stops: tuple[str, ...]) -> None:
         self.stops = stops
 
-    def find(self, text: str) -> int | None:
-        """Index where the earliest stop sequence begins, or None."""
-        hits = [i for i in (text.find(s) for s in self.stops) if i >= 0]
+    def find(self, text: str, start: int = 0) -> int | None:
+        """Index where the earliest stop sequence begins, or None; text before `start` was checked already
+        (and streamed, so `start` never falls inside a partial match: safe_length held it back)."""
+        hits = [i for i in (text.find(s, start) for s in self.stops) if i >= 0]
         return min(hits) if hits else None
 
     def safe_length(self, text: str) -> int:

@@ -55,7 +55,7 @@ def _bench(args: argparse.Namespace) -> int:
 
     options = BenchOptions(
         quick=args.quick,
-        max_new_tokens=args.max_tokens,
+        max_new_tokens=args.max_tokens or (64 if args.quick else 128),
         categories=tuple(args.category) if args.category else None,
         temperature=args.temperature,
         include_hf=not args.no_hf,
@@ -95,9 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.set_defaults(func=_generate)
 
     bench = sub.add_parser("bench", help="benchmark the engine against HF transformers (and llama.cpp)")
-    bench.add_argument("--quick", action="store_true", help="a subset: two prompts per category")
+    bench.add_argument("--quick", action="store_true", help="a subset: two prompts per category, 64 tokens each")
     bench.add_argument("--json", default=None, metavar="FILE", help="write the results as JSON")
-    bench.add_argument("--max-tokens", type=int, default=128)
+    bench.add_argument("--max-tokens", type=int, default=None, help="new tokens per prompt (default 128)")
     bench.add_argument("--category", action="append", default=None, help="only these categories")
     bench.add_argument("--temperature", type=float, default=0.0)
     bench.add_argument("--dtype", default="auto")
