@@ -111,7 +111,7 @@ class Attention(nn.Module):
         kv_dim = self.n_kv_heads * self.head_dim
         q, k, v = self.wqkv(x).split([d, kv_dim, kv_dim], dim=-1)
         assert self.kv_cache is not None, "call setup_cache() before forward()"
-        adt = cos.dtype  # attention dtype: float32, or float64 for a float64 model
+        adt = cos.dtype  # attention dtype (see Transformer.attention_dtype)
         q = q.view(1, t, self.n_heads, self.head_dim).transpose(1, 2).to(adt)  # (1, nh, T, hd)
         k = k.view(1, t, self.n_kv_heads, self.head_dim).transpose(1, 2).to(adt)  # (1, nkv, T, hd)
         v = v.view(1, t, self.n_kv_heads, self.head_dim).transpose(1, 2).to(adt)  # (1, nkv, T, hd)
@@ -148,7 +148,7 @@ class Block(nn.Module):
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int, mask: torch.Tensor | None
     ) -> torch.Tensor:
-        # x: (1, T, D) residual stream in the attention dtype; the matmuls run in the weights' dtype
+        # x: (1, T, D) residual stream in float32; the matmuls run in the weights' dtype
         h = x + self.attention(self.attention_norm(x), cos, sin, start, mask).to(x.dtype)
         return h + self.feed_forward(self.ffn_norm(h)).to(x.dtype)
 
@@ -170,6 +170,7 @@ class Transformer(nn.Module):
         if args.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
         self.max_seq_len = 0
+        self.exact_attention = True
         self.register_buffer("rope_cos", torch.empty(0), persistent=False)
         self.register_buffer("rope_sin", torch.empty(0), persistent=False)
 
@@ -182,8 +183,19 @@ class Transformer(nn.Module):
         return [layer for layer in self.layers if isinstance(layer, Block)]
 
     @property
-    def attention_dtype(self) -> torch.dtype:
+    def residual_dtype(self) -> torch.dtype:
         return torch.float64 if self.dtype == torch.float64 else torch.float32
+
+    @property
+    def attention_dtype(self) -> torch.dtype:
+        """float64 for bf16 (and float64) models: the attention kernel blocks its work differently for
+        a k-token verify pass than for a single step; in float64 that difference (~1e-16) never
+        survives the cast back to bf16, so a verify pass reproduces single steps bit for bit and
+        greedy speculation is token-identical even in bf16. Set `exact_attention = False` for
+        float32 attention: faster, with rare near-tie flips."""
+        if self.dtype == torch.float64 or (self.dtype == torch.bfloat16 and self.exact_attention):
+            return torch.float64
+        return torch.float32
 
     def setup_cache(self, max_seq_len: int) -> None:
         """Allocate the KV cache for sequences of up to `max_seq_len` tokens (idempotent)."""
@@ -211,15 +223,15 @@ class Transformer(nn.Module):
             q_pos = torch.arange(start, end).unsqueeze(1)  # (T, 1)
             k_pos = torch.arange(end).unsqueeze(0)  # (1, end)
             mask = k_pos <= q_pos  # (T, end)
-        x = self.tok_embeddings(tokens).unsqueeze(0).to(cos.dtype)  # (1, T, D) residual stream
+        x = self.tok_embeddings(tokens).unsqueeze(0).to(self.residual_dtype)  # (1, T, D) residual stream
         for layer in self.blocks:
             x = layer(x, cos, sin, start, mask)
         x = x[:, -1:] if last_only else x
-        h = self.norm(x, out_dtype=cos.dtype)[0]  # (T, D) final hidden state, float32
+        h = self.norm(x, out_dtype=self.residual_dtype)[0]  # (T, D) final hidden state, float32
         logits = self.output(h.to(self.dtype))  # (T, V)
         if self.dtype in (torch.float32, torch.float64):
             return logits
-        return self.refine_top_logits(h, logits.float())
+        return self.refine_top_logits(h, logits.to(h.dtype)).float()
 
     def refine_top_logits(self, h: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         """Recompute in float32 the logits near each row's maximum.
@@ -233,6 +245,6 @@ class Transformer(nn.Module):
         # h: (T, D) float32; logits: (T, V) float32 from the bf16 head
         top = logits.max(dim=-1, keepdim=True).values  # (T, 1)
         rows, cols = (logits >= top - REFINE_MARGIN).nonzero(as_tuple=True)  # (n,), (n,)
-        weight = self.output.weight[cols].float()  # (n, D)
+        weight = self.output.weight[cols].to(h.dtype)  # (n, D)
         logits[rows, cols] = (h[rows] * weight).sum(-1)  # (n,)
         return logits

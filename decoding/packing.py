@@ -18,6 +18,12 @@ log = logging.getLogger(__name__)
 
 PACKABLE_DTYPES = (torch.bfloat16, torch.float32)
 
+# oneDNN's bf16 kernel blocks a reduction longer than this differently for different numbers of rows,
+# so a verify pass (k rows) would round unlike k single steps; up to it, every row is computed the
+# same whatever the row count (tests/decoding/test_model.py checks both). Longer reductions are split
+# into chunks of at most this length, their partial products summed in float32.
+ROW_STABLE_IN_FEATURES = 768
+
 
 class PackedLinear(nn.Module):
     """`nn.Linear` for inference, its weight kept as is (for state_dict) and packed for oneDNN."""
@@ -28,14 +34,22 @@ class PackedLinear(nn.Module):
         self.out_features = linear.out_features
         self.weight = linear.weight
         self.bias = linear.bias
-        packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), 1)
-        self.register_buffer("packed_weight", packed, persistent=False)
+        w = linear.weight.detach()
+        chunks = -(-self.in_features // ROW_STABLE_IN_FEATURES)
+        self.bounds = [(i * self.in_features // chunks, (i + 1) * self.in_features // chunks) for i in range(chunks)]
+        self.packed = [torch.ops.mkldnn._reorder_linear_weight(w[:, a:b].contiguous(), 1) for a, b in self.bounds]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # x: (..., in) -> (..., out)
-        if x.dtype != self.packed_weight.dtype:
+        # x: (..., in) -> (..., out); float32 out when the reduction was split
+        if x.dtype != self.weight.dtype:
             return F.linear(x, self.weight, self.bias)
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed_weight, self.bias, "none", [], "")
+        if len(self.packed) == 1:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed[0], self.bias, "none", [], "")
+        out = self.bias.float() if self.bias is not None else 0.0
+        for (a, b), w in zip(self.bounds, self.packed, strict=True):
+            out = out + torch.ops.mkldnn._linear_pointwise(x[..., a:b].contiguous(), w, None, "none", [], "").float()
+        assert isinstance(out, torch.Tensor)
+        return out
 
 
 def can_pack(dtype: torch.dtype) -> bool:
