@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from decoding.adaptive import ControllerConfig, SpeculationController
+from decoding.constraints.base import Grammar, GrammarFactory
 from decoding.drafters.base import Drafter, Proposal
 from decoding.errors import ContextLengthError, InvalidRequestError
 from decoding.loading import LoadedModel
@@ -32,6 +33,8 @@ class GenerationConfig:
     stop: tuple[str, ...] = ()
     speculative: bool = True
     ignore_eos: bool = False
+    # a compiled grammar (JSON schema, tool call): every token is sampled under its mask
+    grammar: GrammarFactory | None = None
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 0:
@@ -195,10 +198,13 @@ class Engine:
             drafter.reset()
             drafter.prepare(min(need, self.max_context))
 
+        grammar = config.grammar.new() if config.grammar is not None else None
         tokens = list(prompt)
         logits = model(torch.tensor(tokens), 0, last_only=True)  # [1, V] prefill
         stats.target_passes += 1
-        token = next_token(logits[-1], params, gen)
+        token = next_token(logits[-1], params, gen, grammar.allowed_mask() if grammar else None)
+        if grammar is not None:
+            grammar.accept(token)
         tokens.append(token)
         produced = 1
         yield [token]
@@ -210,28 +216,43 @@ class Engine:
             room = min(budget - produced - 1, self.max_context - pos - 1, k_max)
             if drafter is not None and room > 0:
                 if controller.should_speculate():
-                    proposal = drafter.propose(tokens, room, params, gen)
+                    proposal = drafter.propose(tokens, room, params, gen, grammar)
                 else:
                     stats.paused_steps += 1
             k = len(proposal)
             inp = torch.tensor([token, *proposal.tokens])  # [k + 1]
             logits = model(inp, pos)  # [k + 1, V]
             stats.target_passes += 1
+            masks = grammar_masks(grammar, proposal.tokens) if grammar is not None else None  # [k + 1, V]
             if k == 0:
-                emitted = [next_token(logits[0], params, gen)]
+                emitted = [next_token(logits[0], params, gen, None if masks is None else masks[0])]
             else:
                 if params.greedy:
-                    verdict = verify_greedy(proposal.tokens, logits.argmax(-1).tolist())
+                    masked = logits if masks is None else logits.masked_fill(~masks, float("-inf"))
+                    verdict = verify_greedy(proposal.tokens, masked.argmax(-1).tolist())
                 else:
-                    target_probs = processed_probs(logits, params)  # [k + 1, V]
+                    target_probs = processed_probs(logits, params, masks)  # [k + 1, V]
                     verdict = rejection_sample(proposal.tokens, proposal.probs, target_probs, gen)
                 emitted = [*proposal.tokens[: verdict.num_accepted], verdict.next_token]
                 assert drafter is not None
                 drafter.observe(k, verdict.num_accepted)
                 controller.observe(k, verdict.num_accepted, proposal.model_drafted)
                 stats.record(proposal.sources, verdict.num_accepted)
+            if grammar is not None:
+                for t in emitted:
+                    grammar.accept(t)
             tokens.extend(emitted)
             pos += len(emitted)
             token = emitted[-1]
             produced += len(emitted)
             yield emitted
+
+
+def grammar_masks(grammar: Grammar, drafts: list[int]) -> torch.Tensor:
+    """[k + 1, V] the grammar's mask after each prefix of the drafts; the grammar's state is unchanged."""
+    rows = [grammar.allowed_mask()]
+    for token in drafts:
+        grammar.accept(token)
+        rows.append(grammar.allowed_mask())
+    grammar.rollback(len(drafts))
+    return torch.stack(rows)

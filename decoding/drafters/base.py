@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from decoding.constraints.base import Grammar
 from decoding.sampling import SamplingParams
 
 
@@ -30,9 +31,17 @@ class Drafter(ABC):
 
     @abstractmethod
     def propose(
-        self, context: list[int], max_tokens: int, params: SamplingParams, generator: torch.Generator
+        self,
+        context: list[int],
+        max_tokens: int,
+        params: SamplingParams,
+        generator: torch.Generator,
+        grammar: Grammar | None = None,
     ) -> Proposal:
-        """Up to `max_tokens` tokens likely to follow `context` (prompt + output so far)."""
+        """Up to `max_tokens` tokens likely to follow `context` (prompt + output so far).
+
+        Under a `grammar`, every proposed token is one the grammar allows, and the grammar's state is
+        the same on return as on entry."""
 
     def observe(self, num_proposed: int, num_accepted: int) -> None:  # noqa: B027 - optional hook
         """Feedback after verification: the first `num_accepted` of `num_proposed` tokens were kept."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from decoding.constraints.base import Grammar
 from decoding.drafters.base import Drafter, Proposal
 from decoding.sampling import SamplingParams
 
@@ -33,7 +34,12 @@ class CompositeDrafter(Drafter):
         return max(d.cost_per_token for d in self.drafters)
 
     def propose(
-        self, context: list[int], max_tokens: int, params: SamplingParams, generator: torch.Generator
+        self,
+        context: list[int],
+        max_tokens: int,
+        params: SamplingParams,
+        generator: torch.Generator,
+        grammar: Grammar | None = None,
     ) -> Proposal:
         parts: list[Proposal] = []
         total = 0
@@ -41,9 +47,14 @@ class CompositeDrafter(Drafter):
             if total >= max_tokens:
                 break
             drafted = [t for p in parts for t in p.tokens]
-            part = drafter.propose(context + drafted, max_tokens - total, params, generator)
+            part = drafter.propose(context + drafted, max_tokens - total, params, generator, grammar)
+            if grammar is not None:  # the next drafter continues from the grammar state after this part
+                for token in part.tokens:
+                    grammar.accept(token)
             parts.append(part)
             total += len(part)
+        if grammar is not None:
+            grammar.rollback(total)
         self._last_split = [len(p) for p in parts]
         return _concat(parts)
 

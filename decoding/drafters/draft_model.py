@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from decoding.adaptive import DraftLength
+from decoding.constraints.base import Grammar
 from decoding.drafters.base import Drafter, Proposal
 from decoding.model import Transformer
 from decoding.sampling import SamplingParams, processed_probs
@@ -48,7 +49,12 @@ class DraftModelDrafter(Drafter):
         return self._cost
 
     def propose(
-        self, context: list[int], max_tokens: int, params: SamplingParams, generator: torch.Generator
+        self,
+        context: list[int],
+        max_tokens: int,
+        params: SamplingParams,
+        generator: torch.Generator,
+        grammar: Grammar | None = None,
     ) -> Proposal:
         k = min(max_tokens, self.length.value)
         if k <= 0:
@@ -61,16 +67,24 @@ class DraftModelDrafter(Drafter):
         tokens: list[int] = []
         rows: list[torch.Tensor] = []
         for i in range(k):
+            # the grammar's mask shapes q exactly as it shapes the target's p
+            allowed = grammar.allowed_mask() if grammar is not None else None  # [V]
             if params.greedy:
-                token = int(logits.argmax().item())
+                masked = logits if allowed is None else logits.masked_fill(~allowed, float("-inf"))
+                token = int(masked.argmax().item())
             else:
-                q = processed_probs(logits.unsqueeze(0), params)[0]  # [V]
+                mask = None if allowed is None else allowed.unsqueeze(0)
+                q = processed_probs(logits.unsqueeze(0), params, mask)[0]  # [V]
                 token = int(torch.multinomial(q, 1, generator=generator).item())
                 rows.append(q)
             tokens.append(token)
+            if grammar is not None:
+                grammar.accept(token)
             if i + 1 < k:
                 logits = self.model(torch.tensor([token]), len(self._cached), last_only=True)[-1]
                 self._cached.append(token)
+        if grammar is not None:
+            grammar.rollback(len(tokens))
         probs = torch.stack(rows) if rows else None  # [k, V]
         return Proposal(tokens=tokens, probs=probs, sources=[self.name] * k, model_drafted=k)
 

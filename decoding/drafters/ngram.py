@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from decoding.adaptive import DraftLength
+from decoding.constraints.base import Grammar
 from decoding.drafters.base import Drafter, Proposal
 from decoding.sampling import SamplingParams
 
@@ -44,7 +45,12 @@ class NgramDrafter(Drafter):
                     table[tuple(context[end + 1 - n : end + 1])] = end
 
     def propose(
-        self, context: list[int], max_tokens: int, params: SamplingParams, generator: torch.Generator
+        self,
+        context: list[int],
+        max_tokens: int,
+        params: SamplingParams,
+        generator: torch.Generator,
+        grammar: Grammar | None = None,
     ) -> Proposal:
         self._sync(context)
         limit = min(max_tokens, self.length.value)
@@ -53,6 +59,8 @@ class NgramDrafter(Drafter):
             end = self._index[n].get(tuple(context[size - n :]))
             if end is not None:
                 tokens = context[end + 1 : end + 1 + limit]
+                if grammar is not None:
+                    tokens = tokens[: grammar.valid_prefix(tokens)]
                 return Proposal(tokens=tokens, sources=[self.name] * len(tokens))
         return Proposal()
 

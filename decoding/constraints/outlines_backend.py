@@ -1,0 +1,116 @@
+"""outlines-core: the JSON schema becomes a regular expression, the regex an index over the vocabulary.
+
+The vocabulary is built once per tokenizer (the slow part, ~0.3 s for 49k tokens); the index once per
+schema and cached by the schema's hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from typing import Any
+
+import torch
+
+from decoding.constraints.base import ConstraintError, Grammar, GrammarFactory, unpack_bitmask
+from decoding.constraints.vocabulary import token_bytes
+from decoding.tokenizer import Tokenizer
+
+# compact JSON: no whitespace between tokens, so a small model cannot stall in it until max_tokens
+COMPACT_WHITESPACE = ""
+
+
+class OutlinesGrammar(Grammar):
+    def __init__(self, guide: Any, vocab_size: int, words: int, eos_token_id: int) -> None:
+        self.guide = guide
+        self.vocab_size = vocab_size
+        self.eos_token_id = eos_token_id
+        # outlines allows EOS in a final state but has no transition for it: count accepted EOS tokens
+        # ourselves (the state stays final), so rollback can undo them too
+        self._eos_accepted = 0
+        self._bitmask = torch.zeros(words, dtype=torch.int32)
+        self._mask: torch.Tensor | None = None  # cache for the current state
+
+    def allowed_mask(self) -> torch.Tensor:
+        if self._mask is None:
+            self._bitmask.zero_()
+            self.guide.write_mask_into(self._bitmask.data_ptr(), self._bitmask.numel(), 4)
+            self._mask = unpack_bitmask(self._bitmask, self.vocab_size)
+        return self._mask
+
+    def accept(self, token: int) -> None:
+        if not self.allows(token):
+            raise ConstraintError(f"token {token} is not allowed by the grammar here")
+        if token == self.eos_token_id and (self._eos_accepted or self.guide.is_finished()):
+            self._eos_accepted += 1
+            return
+        self.guide.advance(token, return_tokens=False)
+        self._mask = None
+
+    def rollback(self, n: int) -> None:
+        undo_eos = min(n, self._eos_accepted)
+        self._eos_accepted -= undo_eos
+        if n - undo_eos:
+            self.guide.rollback_state(n - undo_eos)
+            self._mask = None
+
+    def is_finished(self) -> bool:
+        return self._eos_accepted > 0 or bool(self.guide.is_finished())
+
+
+class OutlinesFactory(GrammarFactory):
+    def __init__(self, index: Any, vocab_size: int, eos_token_id: int) -> None:
+        self.index = index
+        self.vocab_size = vocab_size
+        self.eos_token_id = eos_token_id
+
+    def new(self) -> Grammar:
+        import outlines_core
+
+        guide = outlines_core.Guide(self.index, max_rollback=64)
+        return OutlinesGrammar(guide, self.vocab_size, (self.vocab_size + 31) // 32, self.eos_token_id)
+
+
+class OutlinesBackend:
+    """Compiles JSON schemas (and regexes) for one tokenizer."""
+
+    name = "outlines"
+
+    def __init__(self, tokenizer: Tokenizer, eos_token_id: int) -> None:
+        import outlines_core
+
+        self.vocab_size = tokenizer.vocab_size
+        self.eos_token_id = eos_token_id
+        tokens: dict[bytes, list[int]] = {}
+        for tid, b in enumerate(token_bytes(tokenizer)):
+            if b and tid != eos_token_id:
+                tokens.setdefault(b, []).append(tid)
+        self.vocabulary = outlines_core.Vocabulary(eos_token_id, tokens)
+        self._cache: dict[str, OutlinesFactory] = {}
+        self._lock = threading.Lock()
+
+    def regex_for_schema(self, schema: dict[str, Any]) -> str:
+        from outlines_core import json_schema
+
+        try:
+            return str(json_schema.build_regex_from_schema(json.dumps(schema), COMPACT_WHITESPACE))
+        except (ValueError, TypeError) as exc:
+            raise ConstraintError(f"outlines cannot compile this schema: {exc}") from exc
+
+    def compile_regex(self, regex: str) -> OutlinesFactory:
+        import outlines_core
+
+        key = hashlib.sha256(regex.encode()).hexdigest()
+        with self._lock:
+            if key not in self._cache:
+                try:
+                    self._cache[key] = OutlinesFactory(
+                        outlines_core.Index(regex, self.vocabulary), self.vocab_size, self.eos_token_id
+                    )
+                except (ValueError, TypeError) as exc:
+                    raise ConstraintError(f"outlines cannot build an index for this grammar: {exc}") from exc
+            return self._cache[key]
+
+    def compile_json_schema(self, schema: dict[str, Any]) -> OutlinesFactory:
+        return self.compile_regex(self.regex_for_schema(schema))

@@ -1,0 +1,109 @@
+"""Which JSON Schema keywords each backend enforces, and a check that names the ones it would not.
+
+A constraint is never dropped silently: a keyword the chosen backend does not enforce is refused by
+name, or (when the caller allows it) the output is generated under what the backend does enforce and
+then validated against the full schema with `jsonschema`. Every constrained output is validated.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from decoding.constraints.base import ConstraintError, UnsupportedKeywordError
+
+# keywords that only annotate: nothing to enforce
+ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated",
+                         "readOnly", "writeOnly"})
+# structure every backend understands; the values of these are walked as sub-schemas
+COMMON = frozenset({"type", "properties", "required", "items", "enum", "const", "anyOf", "oneOf", "allOf",
+                    "$ref", "$defs", "definitions", "additionalProperties", "minItems", "maxItems",
+                    "minLength", "maxLength", "pattern", "format", "prefixItems"})
+ENFORCED = {
+    # outlines-core src/json_schema: no numeric bounds, no multipleOf / uniqueItems / contains / not
+    "outlines": COMMON | {"minProperties", "maxProperties"},
+    "xgrammar": COMMON | {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"},
+}
+FORMATS = {
+    "outlines": frozenset({"date-time", "date", "time", "uuid", "uri", "email"}),
+    "xgrammar": frozenset({"email", "date", "time", "date-time", "duration", "ipv4", "ipv6", "hostname", "uuid",
+                           "uri", "uri-reference", "uri-template", "json-pointer", "relative-json-pointer"}),
+}
+SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
+SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+SUBSCHEMA_SINGLE = ("items", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames")
+
+
+@dataclass(frozen=True)
+class Unsupported:
+    path: str  # JSON pointer to the schema object holding the keyword
+    keyword: str
+
+    def __str__(self) -> str:
+        return f"'{self.keyword}' at {self.path or '/'}"
+
+
+def unsupported_keywords(schema: Any, backend: str, path: str = "") -> list[Unsupported]:
+    """Every keyword (or format) in `schema` that `backend` would not enforce."""
+    if backend not in ENFORCED:
+        raise ConstraintError(f"unknown constraint backend {backend!r} (known: {', '.join(ENFORCED)})")
+    if isinstance(schema, bool):
+        return []
+    if not isinstance(schema, dict):
+        raise ConstraintError(f"schema at {path or '/'} must be an object or a boolean, got {type(schema).__name__}")
+    found: list[Unsupported] = []
+    for key, value in schema.items():
+        if key in ANNOTATIONS:
+            continue
+        if key not in ENFORCED[backend]:
+            found.append(Unsupported(path, key))
+        if key == "format" and value not in FORMATS[backend]:
+            found.append(Unsupported(path, f"format: {value}"))
+    for key in SUBSCHEMA_MAPS:
+        for name, sub in (schema.get(key) or {}).items():
+            found += unsupported_keywords(sub, backend, f"{path}/{key}/{name}")
+    for key in SUBSCHEMA_LISTS:
+        for i, sub in enumerate(schema.get(key) or []):
+            found += unsupported_keywords(sub, backend, f"{path}/{key}/{i}")
+    for key in SUBSCHEMA_SINGLE:
+        if key in schema and isinstance(schema[key], dict | bool):
+            found += unsupported_keywords(schema[key], backend, f"{path}/{key}")
+    return found
+
+
+def check_schema(schema: Any) -> None:
+    """A malformed schema (not valid JSON Schema itself) is a clear error."""
+    import jsonschema
+
+    try:
+        jsonschema.Draft202012Validator.check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        where = "/" + "/".join(str(p) for p in exc.path)
+        raise ConstraintError(f"invalid JSON schema at {where}: {exc.message}") from exc
+
+
+def preflight(schema: Any, backend: str, allow_validate_after: bool = False) -> list[Unsupported]:
+    """Raise for keywords the backend does not enforce, unless validating afterwards is allowed."""
+    check_schema(schema)
+    missing = unsupported_keywords(schema, backend)
+    if missing and not allow_validate_after:
+        names = ", ".join(str(m) for m in missing)
+        raise UnsupportedKeywordError(f"the {backend} backend does not enforce {names}; "
+                                      "allow validate-after in the policy, or choose another backend")
+    return missing
+
+
+def validate_output(text: str, schema: Any) -> Any:
+    """Parse and validate a constrained output; the value, or ConstraintError saying what is wrong."""
+    import jsonschema
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConstraintError(f"output is not JSON: {exc}") from exc
+    try:
+        jsonschema.validate(value, schema)
+    except jsonschema.ValidationError as exc:
+        raise ConstraintError(f"output does not match the schema: {exc.message}") from exc
+    return value
