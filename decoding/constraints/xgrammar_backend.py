@@ -23,21 +23,35 @@ class XGrammarGrammar(Grammar):
         self.eos_token_id = eos_token_id
         self._bitmask = xgrammar.allocate_token_bitmask(1, vocab_size)  # [1, W] int32
         self._mask: torch.Tensor | None = None
+        # after the stop token xgrammar has terminated and gives no mask; further EOS tokens (drafted
+        # past the end) are counted here so that rollback can undo them
+        self._extra_eos = 0
+        self._eos_only = torch.zeros(vocab_size, dtype=torch.bool)
+        self._eos_only[eos_token_id] = True
 
     def allowed_mask(self) -> torch.Tensor:
+        if self.matcher.is_terminated():
+            return self._eos_only
         if self._mask is None:
             self.matcher.fill_next_token_bitmask(self._bitmask)
             self._mask = unpack_bitmask(self._bitmask[0], self.vocab_size)
         return self._mask
 
     def accept(self, token: int) -> None:
+        if self.matcher.is_terminated():
+            if token != self.eos_token_id:
+                raise ConstraintError(f"token {token} after the end of the grammar")
+            self._extra_eos += 1
+            return
         if not self.matcher.accept_token(token):
             raise ConstraintError(f"token {token} is not allowed by the grammar here")
         self._mask = None
 
     def rollback(self, n: int) -> None:
-        if n:
-            self.matcher.rollback(n)
+        extra = min(n, self._extra_eos)
+        self._extra_eos -= extra
+        if n - extra:
+            self.matcher.rollback(n - extra)
             self._mask = None
 
     def is_finished(self) -> bool:
@@ -76,8 +90,8 @@ class XGrammarBackend:
         self._lock = threading.Lock()
 
     def compile_json_schema(self, schema: dict[str, Any]) -> XGrammarFactory:
-        text = json.dumps(schema, sort_keys=True)
-        key = hashlib.sha256(text.encode()).hexdigest()
+        text = json.dumps(schema)  # key order kept: properties are generated in the schema's order
+        key = hashlib.sha256(json.dumps(schema, sort_keys=True).encode()).hexdigest()
         with self._lock:
             if key not in self._cache:
                 try:

@@ -15,6 +15,7 @@ from scipy import stats as scipy_stats
 
 from decoding.constraints.base import ConstraintError, Grammar
 from decoding.constraints.outlines_backend import OutlinesBackend
+from decoding.constraints.xgrammar_backend import XGrammarBackend
 from decoding.drafters import CompositeDrafter, DraftModelDrafter, GrammarForcedDrafter, NgramDrafter
 from decoding.generate import Engine, GenerationConfig
 from decoding.loading import LoadedModel
@@ -43,9 +44,10 @@ def json_tokenizer() -> Tokenizer:
     return Tokenizer(hf, "json word tokenizer")
 
 
-@pytest.fixture(scope="module")
-def backend() -> OutlinesBackend:
-    return OutlinesBackend(json_tokenizer(), EOS)
+@pytest.fixture(scope="module", params=["outlines", "xgrammar"])
+def backend(request: pytest.FixtureRequest) -> OutlinesBackend | XGrammarBackend:
+    cls = OutlinesBackend if request.param == "outlines" else XGrammarBackend
+    return cls(json_tokenizer(), EOS)
 
 
 def _target(seed: int = 0, scale: float = 0.7) -> LoadedModel:
@@ -99,7 +101,7 @@ def _run(engine: Engine, prompt: list[int], config: GenerationConfig) -> tuple[t
 PROMPT = [0, 3, 5, 6, 8, 11, 12, 6, 13, 4, 1, 0]  # an earlier answer in the context, for the n-gram drafter
 
 
-def test_every_valid_output_is_enumerated_and_parses(backend: OutlinesBackend) -> None:
+def test_every_valid_output_is_enumerated_and_parses(backend: OutlinesBackend | XGrammarBackend) -> None:
     grammar = backend.compile_json_schema(SCHEMA).new()
     joint = exact_constrained(_target(), grammar, PROMPT, SamplingParams(temperature=1.0))
     assert abs(sum(joint.values()) - 1.0) < 1e-9
@@ -109,7 +111,7 @@ def test_every_valid_output_is_enumerated_and_parses(backend: OutlinesBackend) -
 
 
 @pytest.mark.parametrize("kind", ["grammar+draft", "grammar+ngram"])
-def test_constrained_greedy_speculation_equals_constrained_target_only(backend: OutlinesBackend, kind: str) -> None:
+def test_constrained_greedy_speculation_equals_constrained_target_only(backend: OutlinesBackend | XGrammarBackend, kind: str) -> None:
     factory = backend.compile_json_schema(SCHEMA)
     drafted, sources = 0, set()
     for seed in range(6):
@@ -126,7 +128,7 @@ def test_constrained_greedy_speculation_equals_constrained_target_only(backend: 
 
 
 @pytest.mark.parametrize("kind", ["grammar+draft", "grammar+ngram"])
-def test_constrained_speculative_sampling_is_exact(backend: OutlinesBackend, kind: str) -> None:
+def test_constrained_speculative_sampling_is_exact(backend: OutlinesBackend | XGrammarBackend, kind: str) -> None:
     target = _target()
     params = SamplingParams(temperature=1.0)
     factory = backend.compile_json_schema(SCHEMA)
@@ -152,7 +154,7 @@ def test_constrained_speculative_sampling_is_exact(backend: OutlinesBackend, kin
     assert pvalue > 1e-4, f"{kind}: constrained samples do not follow the constrained target (p={pvalue:.2e})"
 
 
-def test_a_token_outside_the_grammar_is_refused(backend: OutlinesBackend) -> None:
+def test_a_token_outside_the_grammar_is_refused(backend: OutlinesBackend | XGrammarBackend) -> None:
     grammar = backend.compile_json_schema(SCHEMA).new()
     with pytest.raises(ConstraintError):
         grammar.accept(4)  # "}" cannot open the object

@@ -1,0 +1,65 @@
+"""Preflight: keywords a backend would not enforce are refused by name; malformed schemas are clear errors."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+
+import pytest
+
+from decoding.constraints.base import ConstraintError, UnsupportedKeywordError
+from decoding.constraints.preflight import preflight, unsupported_keywords, validate_output
+
+
+def corpus() -> list[dict]:
+    text = resources.files("decoding.constraints").joinpath("corpus.json").read_text(encoding="utf-8")
+    return json.loads(text)["schemas"]
+
+
+def test_numeric_bounds_are_refused_by_outlines_and_enforced_by_xgrammar() -> None:
+    schema = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0}}}
+    with pytest.raises(UnsupportedKeywordError, match=r"'minimum' at /properties/n"):
+        preflight(schema, "outlines")
+    assert preflight(schema, "xgrammar") == []
+
+
+def test_nested_keywords_and_formats_are_found_with_their_path() -> None:
+    schema = {
+        "type": "object",
+        "properties": {"tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True},
+                       "ip": {"type": "string", "format": "ipv4"}},
+        "$defs": {"x": {"not": {"type": "null"}}},
+    }
+    found = {str(u) for u in unsupported_keywords(schema, "outlines")}
+    assert found == {"'uniqueItems' at /properties/tags", "'format: ipv4' at /properties/ip", "'not' at /$defs/x"}
+
+
+def test_validate_after_returns_what_will_be_checked_later() -> None:
+    schema = {"type": "object", "properties": {"n": {"type": "number", "multipleOf": 5}}}
+    missing = preflight(schema, "outlines", allow_validate_after=True)
+    assert [m.keyword for m in missing] == ["multipleOf"]
+    with pytest.raises(ConstraintError, match="does not match the schema"):
+        validate_output('{"n": 7}', schema)
+    assert validate_output('{"n": 10}', schema) == {"n": 10}
+
+
+def test_malformed_schemas_are_clear_errors() -> None:
+    with pytest.raises(ConstraintError, match="invalid JSON schema"):
+        preflight({"type": "object", "properties": {"a": {"type": "strnig"}}}, "outlines")
+    with pytest.raises(ConstraintError, match="must be an object"):
+        unsupported_keywords({"type": "object", "properties": {"a": 3}}, "outlines")
+    with pytest.raises(ConstraintError, match="unknown constraint backend"):
+        unsupported_keywords({}, "llguidance")
+    with pytest.raises(ConstraintError, match="not JSON"):
+        validate_output("{", {})
+
+
+def test_the_corpus_is_clean_but_for_its_unsupported_entries() -> None:
+    entries = corpus()
+    assert len([e for e in entries if not e["id"].startswith("unsupported-")]) >= 40
+    for entry in entries:
+        if entry["id"].startswith("unsupported-"):
+            with pytest.raises(UnsupportedKeywordError):
+                preflight(entry["schema"], "outlines")
+        else:
+            assert preflight(entry["schema"], "outlines") == [], entry["id"]
