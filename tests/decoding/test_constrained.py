@@ -24,6 +24,8 @@ from decoding.stats import SpecStats
 from decoding.tokenizer import Tokenizer
 from tests.conftest import perturbed_copy, tiny_args, tiny_transformer
 
+Backend = OutlinesBackend | XGrammarBackend
+
 WORDS = ["<s>", "</s>", "<unk>", "{", "}", '"a"', ":", '"a":', "1", "2", "3", ",", '"b"', "true", "false", ',"b":']
 SCHEMA = {
     "type": "object",
@@ -45,7 +47,7 @@ def json_tokenizer() -> Tokenizer:
 
 
 @pytest.fixture(scope="module", params=["outlines", "xgrammar"])
-def backend(request: pytest.FixtureRequest) -> OutlinesBackend | XGrammarBackend:
+def backend(request: pytest.FixtureRequest) -> Backend:
     cls = OutlinesBackend if request.param == "outlines" else XGrammarBackend
     return cls(json_tokenizer(), EOS)
 
@@ -101,7 +103,7 @@ def _run(engine: Engine, prompt: list[int], config: GenerationConfig) -> tuple[t
 PROMPT = [0, 3, 5, 6, 8, 11, 12, 6, 13, 4, 1, 0]  # an earlier answer in the context, for the n-gram drafter
 
 
-def test_every_valid_output_is_enumerated_and_parses(backend: OutlinesBackend | XGrammarBackend) -> None:
+def test_every_valid_output_is_enumerated_and_parses(backend: Backend) -> None:
     grammar = backend.compile_json_schema(SCHEMA).new()
     joint = exact_constrained(_target(), grammar, PROMPT, SamplingParams(temperature=1.0))
     assert abs(sum(joint.values()) - 1.0) < 1e-9
@@ -111,7 +113,7 @@ def test_every_valid_output_is_enumerated_and_parses(backend: OutlinesBackend | 
 
 
 @pytest.mark.parametrize("kind", ["grammar+draft", "grammar+ngram"])
-def test_constrained_greedy_speculation_equals_constrained_target_only(backend: OutlinesBackend | XGrammarBackend, kind: str) -> None:
+def test_constrained_greedy_speculation_equals_constrained_target_only(backend: Backend, kind: str) -> None:
     factory = backend.compile_json_schema(SCHEMA)
     drafted, sources = 0, set()
     for seed in range(6):
@@ -128,7 +130,7 @@ def test_constrained_greedy_speculation_equals_constrained_target_only(backend: 
 
 
 @pytest.mark.parametrize("kind", ["grammar+draft", "grammar+ngram"])
-def test_constrained_speculative_sampling_is_exact(backend: OutlinesBackend | XGrammarBackend, kind: str) -> None:
+def test_constrained_speculative_sampling_is_exact(backend: Backend, kind: str) -> None:
     target = _target()
     params = SamplingParams(temperature=1.0)
     factory = backend.compile_json_schema(SCHEMA)
@@ -154,7 +156,7 @@ def test_constrained_speculative_sampling_is_exact(backend: OutlinesBackend | XG
     assert pvalue > 1e-4, f"{kind}: constrained samples do not follow the constrained target (p={pvalue:.2e})"
 
 
-def test_a_token_outside_the_grammar_is_refused(backend: OutlinesBackend | XGrammarBackend) -> None:
+def test_a_token_outside_the_grammar_is_refused(backend: Backend) -> None:
     grammar = backend.compile_json_schema(SCHEMA).new()
     with pytest.raises(ConstraintError):
         grammar.accept(4)  # "}" cannot open the object
