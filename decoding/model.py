@@ -1,9 +1,9 @@
 """A lean llama-family decoder with a static KV cache, after pytorch-labs/gpt-fast `model.py`.
 
 The cache is a preallocated buffer written at `input_pos`; attention reads only positions <= the query's,
-so rolling back rejected draft tokens costs nothing: the next forward overwrites them. Keys, values and
-attention are kept in float32 even for a bf16 model (float64 for a float64 one): on CPU that is both
-more exact and faster than bf16 attention, and the cache is small next to the weights. Covers llama,
+so rolling back rejected draft tokens costs nothing: the next forward overwrites them. The residual
+stream is float32; keys, values and attention are float64 for a bf16 model (see `attention_dtype`),
+so that a verify pass reproduces single steps bit for bit; the cache is small next to the weights. Covers llama,
 mistral and qwen2-style checkpoints (RMSNorm, rotary embeddings in the half-split layout of HF, grouped
 query attention, SwiGLU MLP, optional q/k/v bias, tied or untied LM head).
 """
