@@ -27,7 +27,8 @@ class Divergence:
 
     def to_dict(self) -> dict[str, Any]:
         return {"prompt": self.prompt_id, "position": self.position, "reference_token": self.reference_token,
-                "token": self.token, "logit_gap": round(self.logit_gap, 4), "near_tie": self.near_tie}
+                "token": self.token, "logit_gap": round(self.logit_gap, 4) if self.logit_gap != float("inf") else None,
+                "near_tie": self.near_tie}
 
 
 @dataclass
@@ -64,15 +65,15 @@ class Row:
 
     def to_dict(self) -> dict[str, Any]:
         s = self.m.stats
-        spec = s is not None and s.draft_tokens > 0
+        spec = s if s is not None and s.draft_tokens > 0 else None
         return {
             "name": self.name,
             "category": self.category,
             "tokens": self.m.tokens,
             "seconds": round(self.m.seconds, 3),
             "tokens_per_s": round(self.m.tokens_per_s, 2),
-            "acceptance_rate": round(s.acceptance_rate, 4) if spec and s else None,
-            "mean_acceptance_length": round(s.mean_acceptance_length, 4) if spec and s else None,
+            "acceptance_rate": round(spec.acceptance_rate, 4) if spec else None,
+            "mean_acceptance_length": round(spec.mean_acceptance_length, 4) if spec else None,
             "target_passes_per_token": round(s.target_passes / self.m.tokens, 4) if s and self.m.tokens else None,
             "speedup_vs_target_only": round(self.m.tokens_per_s / self.baseline_tps, 3) if self.baseline_tps else None,
             "greedy_identical": (self.m.identical == self.m.compared) if self.reference and self.m.compared else None,

@@ -106,10 +106,10 @@ def first_divergence(
     if j is None:
         if len(reference) == len(tokens):
             return None
-        j = n  # one stopped earlier: compare the stop with the continuation
-        if j >= len(reference) or j >= len(tokens):
-            return Divergence(prompt.id, j, reference[j] if j < len(reference) else -1,
-                              tokens[j] if j < len(tokens) else -1, 0.0)
+        # the same tokens, but one output is longer: no logit gap to speak of, so never a near-tie
+        longer = reference if len(reference) > n else tokens
+        ref_token, token = (longer[n], -1) if longer is reference else (-1, longer[n])
+        return Divergence(prompt.id, n, ref_token, token, float("inf"))
     model = target.model
     context = ids + reference[:j]
     model.setup_cache(len(context) + 1)

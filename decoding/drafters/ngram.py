@@ -22,7 +22,6 @@ class NgramDrafter(Drafter):
         if not 1 <= min_n <= max_n:
             raise ValueError(f"need 1 <= min_n <= max_n, got {min_n}, {max_n}")
         self.min_n, self.max_n = min_n, max_n
-        self.length = DraftLength(max_tokens, max_tokens)
         self.max_tokens = max_tokens
         self.reset()
 
