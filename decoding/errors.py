@@ -4,9 +4,13 @@ from __future__ import annotations
 
 
 class DecodingError(Exception):
-    """Base of every error the engine raises on purpose."""
+    """Base of every error the engine raises on purpose; `param` names the request field at fault."""
 
     code = "decoding_error"
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class ModelLoadError(DecodingError):
@@ -31,3 +35,21 @@ class ContextLengthError(InvalidRequestError):
     """Prompt plus max tokens exceeds the model's context."""
 
     code = "context_length_exceeded"
+
+
+class ToolError(InvalidRequestError):
+    """Malformed `tools`, a `tool_choice` naming an absent tool, or a tool message without its call."""
+
+    code = "invalid_tools"
+
+
+class UnknownToolError(ToolError):
+    """`tool_choice` names a function that `tools` does not define."""
+
+    code = "tool_not_found"
+
+
+class MessageError(InvalidRequestError):
+    """A chat message the renderer cannot turn into a prompt (bad role, content part, tool result)."""
+
+    code = "invalid_messages"

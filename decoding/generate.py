@@ -169,12 +169,17 @@ class Engine:
             if bos is None:
                 raise InvalidRequestError("empty prompt and the tokenizer has no BOS token to start from")
             prompt = [bos]
-        if len(prompt) + config.max_new_tokens > self.max_context:
+        self.check_length(prompt, config)
+        return Generation(self, list(prompt), config)
+
+    def check_length(self, prompt: list[int], config: GenerationConfig) -> None:
+        """Refuse up front a prompt plus max new tokens that the context cannot hold."""
+        if max(len(prompt), 1) + config.max_new_tokens > self.max_context:
             raise ContextLengthError(
                 f"prompt of {len(prompt)} tokens plus {config.max_new_tokens} new tokens exceeds "
-                f"the context of {self.max_context}"
+                f"the context of {self.max_context}",
+                param="messages",
             )
-        return Generation(self, list(prompt), config)
 
     def complete(self, prompt: list[int], config: GenerationConfig) -> GenerationResult:
         return self.generate(prompt, config).result

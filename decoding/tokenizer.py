@@ -38,6 +38,15 @@ class Tokenizer:
             if isinstance(tid, int) and tid != hf.unk_token_id and tid >= 0:
                 eos.add(tid)
         self.eos_token_ids: frozenset[int] = frozenset(eos)
+        # the token that closes an assistant turn: what a grammar allows once the output is complete
+        self.turn_end_id: int | None = next(
+            (t for t in (self._id(n) for n in ("<|im_end|>", "<|eot_id|>", "<|end|>")) if t is not None),
+            hf.eos_token_id,
+        )
+
+    def _id(self, token: str) -> int | None:
+        tid = self.hf.convert_tokens_to_ids(token)
+        return tid if isinstance(tid, int) and tid >= 0 and tid != self.hf.unk_token_id else None
 
     def encode(self, text: str) -> list[int]:
         return list(self.hf.encode(text, add_special_tokens=False))

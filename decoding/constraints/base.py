@@ -28,6 +28,12 @@ class UnsupportedKeywordError(ConstraintError):
     code = "unsupported_schema_keyword"
 
 
+class CompileTimeoutError(ConstraintError):
+    """A schema the backend could not compile within the route's time limit."""
+
+    code = "schema_too_complex"
+
+
 def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """int32 words, bit j of word i = token 32 i + j  ->  [V] bool."""
     # bitmask: [ceil(V / 32)] int32

@@ -13,7 +13,9 @@ from typing import Any
 
 import torch
 
-from decoding.constraints.base import ConstraintError, Grammar, GrammarFactory, unpack_bitmask
+from decoding.constraints.base import CompileTimeoutError, ConstraintError, Grammar, GrammarFactory, unpack_bitmask
+from decoding.constraints.outlines_worker import build_index
+from decoding.constraints.spec import GrammarSpec, regex_escape, text_not_starting_with
 from decoding.constraints.vocabulary import token_bytes
 from decoding.tokenizer import Tokenizer
 
@@ -77,16 +79,18 @@ class OutlinesBackend:
 
     name = "outlines"
 
-    def __init__(self, tokenizer: Tokenizer, eos_token_id: int) -> None:
+    def __init__(self, tokenizer: Tokenizer, eos_token_id: int, compile_timeout_s: float | None = None) -> None:
         import outlines_core
 
         self.vocab_size = tokenizer.vocab_size
         self.eos_token_id = eos_token_id
-        tokens: dict[bytes, list[int]] = {}
+        # None: compile in this process, however long it takes; else in a child, given up after this
+        self.compile_timeout_s = compile_timeout_s
+        self._tokens: dict[bytes, list[int]] = {}
         for tid, b in enumerate(token_bytes(tokenizer)):
             if b and tid != eos_token_id:
-                tokens.setdefault(b, []).append(tid)
-        self.vocabulary = outlines_core.Vocabulary(eos_token_id, tokens)
+                self._tokens.setdefault(b, []).append(tid)
+        self.vocabulary = outlines_core.Vocabulary(eos_token_id, self._tokens)
         self._cache: dict[str, OutlinesFactory] = {}
         self._lock = threading.Lock()
 
@@ -105,12 +109,34 @@ class OutlinesBackend:
         with self._lock:
             if key not in self._cache:
                 try:
-                    self._cache[key] = OutlinesFactory(
-                        outlines_core.Index(regex, self.vocabulary), self.vocab_size, self.eos_token_id
-                    )
+                    if self.compile_timeout_s is None:
+                        index = outlines_core.Index(regex, self.vocabulary)
+                    else:
+                        index = build_index(regex, self.eos_token_id, self._tokens, self.compile_timeout_s)
                 except (ValueError, TypeError) as exc:
                     raise ConstraintError(f"outlines cannot build an index for this grammar: {exc}") from exc
+                except TimeoutError as exc:
+                    raise CompileTimeoutError(
+                        f"outlines gave up on this schema ({exc}): its automaton grows too large, as string "
+                        "formats (date-time, email, uri) in arrays or many optional fields make it; use the "
+                        "xgrammar backend for it"
+                    ) from exc
+                self._cache[key] = OutlinesFactory(index, self.vocab_size, self.eos_token_id)
             return self._cache[key]
 
+    def regex_for_spec(self, spec: GrammarSpec) -> str:
+        alternatives = []
+        if spec.json_schema is not None:
+            alternatives.append(self.regex_for_schema(spec.json_schema))
+        if spec.calls_schema is not None:
+            alternatives.append(regex_escape(spec.marker) + f"(?:{self.regex_for_schema(spec.calls_schema)})")
+        if spec.free_text:
+            alternatives.append(text_not_starting_with(spec.marker))
+        # one group around the alternation: outlines anchors the regex by plain concatenation
+        return alternatives[0] if len(alternatives) == 1 else "(?:" + "|".join(f"(?:{a})" for a in alternatives) + ")"
+
+    def compile(self, spec: GrammarSpec) -> OutlinesFactory:
+        return self.compile_regex(self.regex_for_spec(spec))
+
     def compile_json_schema(self, schema: dict[str, Any]) -> OutlinesFactory:
-        return self.compile_regex(self.regex_for_schema(schema))
+        return self.compile(GrammarSpec(json_schema=schema))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import threading
 from typing import Any
@@ -10,6 +9,7 @@ from typing import Any
 import torch
 
 from decoding.constraints.base import ConstraintError, Grammar, GrammarFactory, unpack_bitmask
+from decoding.constraints.spec import GrammarSpec, text_not_starting_with
 from decoding.constraints.vocabulary import token_bytes
 from decoding.tokenizer import Tokenizer
 
@@ -89,15 +89,35 @@ class XGrammarBackend:
         self._cache: dict[str, XGrammarFactory] = {}
         self._lock = threading.Lock()
 
-    def compile_json_schema(self, schema: dict[str, Any]) -> XGrammarFactory:
-        text = json.dumps(schema)  # key order kept: properties are generated in the schema's order
-        key = hashlib.sha256(json.dumps(schema, sort_keys=True).encode()).hexdigest()
+    def _json(self, schema: dict[str, Any]) -> Any:
+        import xgrammar
+
+        # key order kept: properties are generated in the schema's order; compact: no whitespace
+        return xgrammar.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False, separators=(",", ":"))
+
+    def grammar_for_spec(self, spec: GrammarSpec) -> Any:
+        import xgrammar
+
+        alternatives = []
+        if spec.json_schema is not None:
+            alternatives.append(self._json(spec.json_schema))
+        if spec.calls_schema is not None:
+            marker = xgrammar.Grammar.from_ebnf(f"root ::= {json.dumps(spec.marker)}")
+            alternatives.append(xgrammar.Grammar.concat(marker, self._json(spec.calls_schema)))
+        if spec.free_text:
+            alternatives.append(xgrammar.Grammar.from_regex(text_not_starting_with(spec.marker)))
+        return alternatives[0] if len(alternatives) == 1 else xgrammar.Grammar.union(*alternatives)
+
+    def compile(self, spec: GrammarSpec) -> XGrammarFactory:
+        key = spec.key()
         with self._lock:
             if key not in self._cache:
                 try:
-                    # compact: no whitespace between JSON tokens
-                    compiled = self.compiler.compile_json_schema(text, any_whitespace=False, separators=(",", ":"))
+                    compiled = self.compiler.compile_grammar(self.grammar_for_spec(spec))
                 except (RuntimeError, ValueError) as exc:
                     raise ConstraintError(f"xgrammar cannot compile this schema: {exc}") from exc
                 self._cache[key] = XGrammarFactory(compiled, self.vocab_size, self.eos_token_id)
             return self._cache[key]
+
+    def compile_json_schema(self, schema: dict[str, Any]) -> XGrammarFactory:
+        return self.compile(GrammarSpec(json_schema=schema))

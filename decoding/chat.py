@@ -1,0 +1,111 @@
+"""OpenAI chat messages -> the model's prompt: tools described in the system turn, calls and results inline.
+
+The embedded model's chat template is plain ChatML with string contents, so the conversation is first
+normalised to `{"role", "content": str}` turns:
+- `developer` is a system turn; text content parts are joined; other parts (images, audio) are refused;
+- the tools (unless `tool_choice` is "none") are described in the system turn, with the exact call
+  format the grammar enforces;
+- an assistant turn with `tool_calls` is written as the model would have written the calls;
+- tool results become a user turn of `<tool_response>` blocks naming the function they answer.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from decoding.constraints.spec import TOOL_CALL_MARKER
+from decoding.errors import MessageError
+from decoding.tokenizer import Tokenizer
+from decoding.tools import Tool, ToolChoice, render_calls
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+
+def tools_prompt(tools: list[Tool], choice: ToolChoice) -> str:
+    listed = "\n".join(json.dumps(t.to_openai(), ensure_ascii=False) for t in tools if t.name in choice.allowed)
+    how_many = "one or more calls" if choice.max_calls is None else "exactly one call"
+    when = ("You must call a function." if choice.mode == "required"
+            else "Call a function when it helps; otherwise answer in plain text.")
+    return (
+        "You can call functions. Their signatures, as JSON Schema, are within <tools></tools>:\n"
+        f"<tools>\n{listed}\n</tools>\n"
+        f"{when} To call, reply with {TOOL_CALL_MARKER} followed by a JSON array of {how_many}, and nothing "
+        f'else:\n{TOOL_CALL_MARKER}[{{"name":"<function name>","arguments":{{<arguments>}}}}]'
+    )
+
+
+def _text(content: Any, where: str, allow_none: bool = False) -> str:
+    if content is None and allow_none:
+        return ""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = []
+        for j, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind not in ("text", "input_text") or not isinstance(part.get("text"), str):
+                raise MessageError(f"{where}[{j}]: only text content parts are supported, got {kind!r}",
+                                   param=f"{where}[{j}]")
+            parts.append(part["text"])
+        return "".join(parts)
+    raise MessageError(f"{where} must be a string or a list of text parts", param=where)
+
+
+def normalize_messages(messages: Any, tools: list[Tool], choice: ToolChoice) -> list[dict[str, str]]:
+    """OpenAI messages -> plain ChatML turns; every error names the message and field."""
+    if not isinstance(messages, list) or not messages:
+        raise MessageError("'messages' must be a non-empty array", param="messages")
+    turns: list[dict[str, str]] = []
+    call_names: dict[str, str] = {}  # tool_call_id -> function name, from earlier assistant turns
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise MessageError(f"{where} must be an object", param=where)
+        role = message.get("role")
+        if role not in ROLES:
+            raise MessageError(f"{where}.role must be one of {', '.join(ROLES)}, got {role!r}", param=f"{where}.role")
+        if role == "assistant":
+            calls = message.get("tool_calls") or []
+            if not isinstance(calls, list):
+                raise MessageError(f"{where}.tool_calls must be an array", param=f"{where}.tool_calls")
+            text = _text(message.get("content"), f"{where}.content", allow_none=True)
+            for j, call in enumerate(calls):
+                fn = call.get("function") if isinstance(call, dict) else None
+                named = isinstance(fn, dict) and isinstance(fn.get("name"), str)
+                if not named or not isinstance(call.get("id"), str):
+                    raise MessageError(f"{where}.tool_calls[{j}] needs an id and function.name",
+                                       param=f"{where}.tool_calls[{j}]")
+                assert isinstance(fn, dict)
+                call_names[call["id"]] = fn["name"]
+            if calls:
+                text = (text + "\n" if text else "") + render_calls(calls)
+            turns.append({"role": "assistant", "content": text})
+        elif role == "tool":
+            call_id = message.get("tool_call_id")
+            if call_id not in call_names:
+                raise MessageError(f"{where}.tool_call_id {call_id!r} answers no tool call of an earlier assistant "
+                                   "message", param=f"{where}.tool_call_id")
+            result = json.dumps({"name": call_names[call_id], "content": _text(message.get("content"),
+                                                                              f"{where}.content")},
+                                ensure_ascii=False)
+            block = f"<tool_response>\n{result}\n</tool_response>"
+            if turns and turns[-1].get("tool") == "1":  # consecutive results share one turn
+                turns[-1]["content"] += "\n" + block
+            else:
+                turns.append({"role": "user", "content": block, "tool": "1"})
+        else:
+            turns.append({"role": "system" if role == "developer" else role,
+                          "content": _text(message.get("content"), f"{where}.content")})
+    if tools and choice.mode != "none":
+        described = tools_prompt(tools, choice)
+        if turns[0]["role"] == "system":
+            turns[0]["content"] += "\n\n" + described
+        else:
+            turns.insert(0, {"role": "system", "content": described})
+    return [{"role": t["role"], "content": t["content"]} for t in turns]
+
+
+def render_prompt(tokenizer: Tokenizer, messages: Any, tools: list[Tool], choice: ToolChoice) -> list[int]:
+    """Token ids of the conversation, ending where the assistant's reply begins."""
+    return tokenizer.apply_chat_template(normalize_messages(messages, tools, choice))

@@ -1,0 +1,91 @@
+"""A chat request end to end on a local engine: render, constrain, generate, check.
+
+`ChatEngine.prepare` does everything that can fail on the request's own fault before any token is
+generated (messages, tools, tool_choice, response_format, preflight, compile, context length);
+`PreparedChat.start` runs it, and `PreparedChat.finish` turns the generation's text into the checked
+`ChatOutput` (tool calls parsed, JSON validated). The gateway streams between the two.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from decoding.chat import render_prompt
+from decoding.constraints.backends import Backend, make_backend
+from decoding.errors import InvalidRequestError
+from decoding.generate import Engine, Generation, GenerationConfig, GenerationResult
+from decoding.structured import ChatOutput, OutputPlan, parse_response_format, plan_output
+from decoding.tools import parse_tool_choice, parse_tools
+
+
+@dataclass(frozen=True)
+class ConstraintOptions:
+    backend: str = "outlines"
+    allow_validate_after: bool = False  # generate under what the backend enforces, validate the rest after
+    max_string_length: int | None = None  # bound free strings so a small model cannot run on in one
+    compile_timeout_s: float | None = 60.0  # give up on a schema outlines cannot compile in this time
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    messages: Any
+    config: GenerationConfig = field(default_factory=GenerationConfig)
+    tools: Any = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+    response_format: Any = None
+
+
+@dataclass
+class PreparedChat:
+    prompt: list[int]
+    config: GenerationConfig
+    plan: OutputPlan
+    engine: Engine
+
+    def start(self) -> Generation:
+        return self.engine.generate(self.prompt, self.config)
+
+    def finish(self, result: GenerationResult) -> ChatOutput:
+        return self.plan.finish(result.text, result.finish_reason)
+
+
+class ChatEngine:
+    """An `Engine` plus the constraint backends over its tokenizer (built once, on first use)."""
+
+    def __init__(self, engine: Engine, constraints: ConstraintOptions | None = None) -> None:
+        self.engine = engine
+        self.constraints = constraints or ConstraintOptions()
+        self._backends: dict[str, Backend] = {}
+        self._lock = threading.Lock()
+
+    def backend(self, name: str) -> Backend:
+        with self._lock:
+            if name not in self._backends:
+                self._backends[name] = make_backend(name, self.engine.target.tokenizer,
+                                                    self.constraints.compile_timeout_s)
+            return self._backends[name]
+
+    def prepare(self, request: ChatRequest, constraints: ConstraintOptions | None = None) -> PreparedChat:
+        options = constraints or self.constraints
+        tools = parse_tools(request.tools)
+        choice = parse_tool_choice(request.tool_choice, tools, request.parallel_tool_calls)
+        response_format = parse_response_format(request.response_format)
+        plan = plan_output(tools, choice, response_format, options.backend, options.allow_validate_after,
+                           options.max_string_length)
+        config = request.config
+        if plan.spec is not None:
+            if config.stop:
+                raise InvalidRequestError("'stop' cannot be combined with tools or a JSON response_format: a stop "
+                                          "sequence would cut the structured output", param="stop")
+            config = replace(config, grammar=self.backend(options.backend).compile(plan.spec))
+        prompt = render_prompt(self.engine.target.tokenizer, request.messages, tools, choice)
+        self.engine.check_length(prompt, config)
+        return PreparedChat(prompt, config, plan, self.engine)
+
+    def complete(self, request: ChatRequest) -> tuple[ChatOutput, GenerationResult]:
+        prepared = self.prepare(request)
+        result = prepared.start().result
+        return prepared.finish(result), result

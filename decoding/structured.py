@@ -1,0 +1,166 @@
+"""What a chat request's output must be (`response_format`, `tools`, `tool_choice`), and the checked result.
+
+`plan_output` turns the request's fields into a `GrammarSpec` after preflight — every keyword the
+chosen backend would not enforce is refused by name, unless the caller allows generating under what it
+does enforce and validating afterwards (`strict: false`, or the route's policy). `OutputPlan.finish`
+validates every complete constrained output with `jsonschema` before it is returned, and parses tool
+calls into OpenAI `tool_calls`.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from decoding.constraints.base import ConstraintError, UnsupportedKeywordError
+from decoding.constraints.preflight import Unsupported, check_schema, preflight, validate_output
+from decoding.constraints.spec import TOOL_CALL_MARKER, GrammarSpec
+from decoding.errors import InvalidRequestError
+from decoding.tools import Tool, ToolCall, ToolChoice, calls_schema, parse_tool_calls
+
+SCHEMA_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
+ANY_OBJECT: dict[str, Any] = {"type": "object"}
+
+
+class OutputValidationError(ConstraintError):
+    """A complete output that fails its schema (possible only where validate-after was allowed)."""
+
+    code = "output_validation_failed"
+
+
+@dataclass(frozen=True)
+class ResponseFormat:
+    type: str  # "text" | "json_object" | "json_schema"
+    schema: dict[str, Any] | None = None
+    name: str | None = None
+    strict: bool | None = None
+
+
+def parse_response_format(raw: Any) -> ResponseFormat:
+    if raw is None:
+        return ResponseFormat("text")
+    if not isinstance(raw, dict) or raw.get("type") not in ("text", "json_object", "json_schema"):
+        raise InvalidRequestError("'response_format.type' must be text, json_object or json_schema",
+                                  param="response_format.type")
+    if raw["type"] == "text":
+        return ResponseFormat("text")
+    if raw["type"] == "json_object":
+        return ResponseFormat("json_object", ANY_OBJECT)
+    spec = raw.get("json_schema")
+    if not isinstance(spec, dict):
+        raise InvalidRequestError("'response_format.json_schema' must be an object with a name and a schema",
+                                  param="response_format.json_schema")
+    name = spec.get("name")
+    if not isinstance(name, str) or not SCHEMA_NAME.match(name):
+        raise InvalidRequestError("'response_format.json_schema.name' must match [a-zA-Z0-9_-]{1,64}",
+                                  param="response_format.json_schema.name")
+    schema = spec.get("schema", {})
+    if not isinstance(schema, dict):
+        raise InvalidRequestError("'response_format.json_schema.schema' must be a JSON schema object",
+                                  param="response_format.json_schema.schema")
+    strict = spec.get("strict")
+    if strict is not None and not isinstance(strict, bool):
+        raise InvalidRequestError("'response_format.json_schema.strict' must be a boolean",
+                                  param="response_format.json_schema.strict")
+    try:
+        check_schema(schema)
+    except ConstraintError as exc:
+        raise ConstraintError(str(exc), param="response_format.json_schema.schema") from exc
+    return ResponseFormat("json_schema", schema, name, strict)
+
+
+def bound_strings(schema: Any, max_length: int) -> Any:
+    """A copy of `schema` where every free string (no maxLength, enum, const, pattern or format) gets
+    maxLength `max_length`: a small model cannot run on inside one string until max_tokens."""
+    if isinstance(schema, list):
+        return [bound_strings(s, max_length) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: bound_strings(v, max_length) if isinstance(v, dict | list) else copy.copy(v) for k, v in schema.items()}
+    kinds = schema.get("type")
+    is_string = kinds == "string" or (isinstance(kinds, list) and kinds == ["string"])
+    if is_string and not ({"maxLength", "enum", "const", "pattern", "format"} & schema.keys()):
+        out["maxLength"] = max_length
+    return out
+
+
+@dataclass
+class ChatOutput:
+    content: str | None
+    tool_calls: list[ToolCall] = field(default_factory=list)
+    finish_reason: str = "stop"
+    parsed: Any = None  # the JSON value of a response_format output
+
+
+@dataclass(frozen=True)
+class OutputPlan:
+    spec: GrammarSpec | None  # None: unconstrained text
+    json_schema: dict[str, Any] | None = None  # what a JSON output must validate against
+    calls: dict[str, Any] | None = None  # what a tool-call array must validate against
+    validated_after: tuple[Unsupported, ...] = ()  # keywords generated loosely and checked after
+
+    def finish(self, text: str, finish_reason: str) -> ChatOutput:
+        """Check and shape a generation's text: tool calls parsed, JSON validated."""
+        if self.spec is None or finish_reason != "stop":
+            # cut by max_tokens (or cancelled): incomplete, returned as is with its finish_reason
+            return ChatOutput(text, finish_reason=finish_reason)
+        if self.calls is not None and text.startswith(self.spec.marker):
+            try:
+                validate_output(text[len(self.spec.marker):], self.calls)
+            except ConstraintError as exc:
+                raise OutputValidationError(f"tool call failed validation: {exc}") from exc
+            return ChatOutput(None, parse_tool_calls(text, self.spec.marker) or [], "tool_calls")
+        if self.json_schema is not None:
+            try:
+                value = validate_output(text, self.json_schema)
+            except ConstraintError as exc:
+                raise OutputValidationError(str(exc)) from exc
+            return ChatOutput(text, finish_reason="stop", parsed=value)
+        return ChatOutput(text, finish_reason="stop")
+
+
+def _check(schema: dict[str, Any], backend: str, allow_after: bool, where: str) -> list[Unsupported]:
+    try:
+        return preflight(schema, backend, allow_validate_after=allow_after)
+    except UnsupportedKeywordError as exc:
+        raise UnsupportedKeywordError(f"{where}: {exc}", param=where) from exc
+    except ConstraintError as exc:
+        raise ConstraintError(f"{where}: {exc}", param=where) from exc
+
+
+def plan_output(
+    tools: list[Tool],
+    choice: ToolChoice,
+    response_format: ResponseFormat,
+    backend: str,
+    allow_validate_after: bool = False,
+    max_string_length: int | None = None,
+) -> OutputPlan:
+    """The grammar for this request's output, after preflight under `backend`."""
+    json_schema = response_format.schema if response_format.type != "text" else None
+    unenforced: list[Unsupported] = []
+    if json_schema is not None:
+        allow = allow_validate_after or response_format.strict is False
+        unenforced += _check(json_schema, backend, allow, "response_format.json_schema.schema")
+    calls = None
+    if choice.mode != "none":
+        for i, tool in enumerate(tools):
+            if tool.name in choice.allowed:
+                allow = allow_validate_after or tool.strict is False
+                unenforced += _check(tool.parameters, backend, allow, f"tools[{i}].function.parameters")
+        calls = calls_schema(tools, choice)
+    if json_schema is None and calls is None:
+        return OutputPlan(None)
+
+    def bounded(schema: dict[str, Any] | None) -> dict[str, Any] | None:
+        return schema if schema is None or max_string_length is None else bound_strings(schema, max_string_length)
+
+    spec = GrammarSpec(
+        json_schema=bounded(json_schema) if choice.mode != "required" else None,
+        calls_schema=bounded(calls),
+        free_text=choice.mode == "auto" and json_schema is None,
+        marker=TOOL_CALL_MARKER,
+    )
+    return OutputPlan(spec, json_schema if spec.json_schema is not None else None, calls, tuple(unenforced))
