@@ -34,9 +34,10 @@ def word_tokenizer(vocab_size: int) -> Tokenizer:
 
 
 def tiny_args(vocab_size: int = 8, dim: int = 32, n_layers: int = 2, **kw: object) -> ModelArgs:
+    kw.setdefault("max_seq_len", 256)
     return ModelArgs(
         vocab_size=vocab_size, dim=dim, n_layers=n_layers, n_heads=4, n_kv_heads=2,
-        intermediate_size=2 * dim, max_seq_len=256, **kw,  # type: ignore[arg-type]
+        intermediate_size=2 * dim, **kw,  # type: ignore[arg-type]
     )
 
 
@@ -87,3 +88,13 @@ def embedded_model() -> LoadedModel:
     from decoding.loading import load_model
 
     return load_model("embedded", "auto")
+
+
+@pytest.fixture(scope="session")
+def embedded_tokenizer() -> Tokenizer:
+    """The embedded model's tokenizer alone (no weights): the real 49k vocabulary for grammar tests."""
+    from decoding.loading import embedded_gguf_path
+    from decoding.tokenizer import load_tokenizer
+
+    path = embedded_gguf_path()
+    return load_tokenizer(path.parent, path.name)

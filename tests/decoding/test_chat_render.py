@@ -1,0 +1,67 @@
+"""OpenAI messages rendered for a ChatML model: tools described, calls and results inline, errors named."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from decoding.chat import normalize_messages
+from decoding.errors import MessageError
+from decoding.tools import parse_tool_choice, parse_tools
+from tests.decoding.test_tools import BOOK, WEATHER
+
+TOOLS = parse_tools([WEATHER, BOOK])
+CALL = {"id": "call_a", "type": "function", "function": {"name": "get_weather", "arguments": '{"city":"Oslo"}'}}
+
+
+def test_tools_are_described_in_the_system_turn() -> None:
+    turns = normalize_messages([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Oslo?"}],
+                               TOOLS, parse_tool_choice("required", TOOLS, parallel_tool_calls=False))
+    system = turns[0]["content"]
+    assert system.startswith("Be brief.") and '"name": "get_weather"' in system and '"name": "book"' in system
+    assert "You must call a function" in system and "exactly one call" in system
+    assert turns[1] == {"role": "user", "content": "Oslo?"}
+
+
+def test_a_named_choice_describes_only_that_tool_and_none_describes_nothing() -> None:
+    messages = [{"role": "user", "content": "hi"}]
+    named = normalize_messages(messages, TOOLS, parse_tool_choice(
+        {"type": "function", "function": {"name": "book"}}, TOOLS))
+    assert '"book"' in named[0]["content"] and "get_weather" not in named[0]["content"]
+    assert normalize_messages(messages, TOOLS, parse_tool_choice("none", TOOLS)) == messages
+
+
+def test_calls_and_results_are_written_inline() -> None:
+    messages = [
+        {"role": "developer", "content": [{"type": "text", "text": "Use tools."}]},
+        {"role": "user", "content": "Weather in Oslo and Rome?"},
+        {"role": "assistant", "content": None, "tool_calls": [CALL, {**CALL, "id": "call_b", "function": {
+            "name": "get_weather", "arguments": '{"city":"Rome"}'}}]},
+        {"role": "tool", "tool_call_id": "call_a", "content": "4 C"},
+        {"role": "tool", "tool_call_id": "call_b", "content": [{"type": "text", "text": "19 C"}]},
+    ]
+    turns = normalize_messages(messages, TOOLS, parse_tool_choice("auto", TOOLS))
+    assert turns[0]["role"] == "system" and turns[0]["content"].startswith("Use tools.")
+    assert turns[2] == {"role": "assistant", "content": '<tool_call>[{"name":"get_weather","arguments":'
+                        '{"city":"Oslo"}},{"name":"get_weather","arguments":{"city":"Rome"}}]'}
+    assert len(turns) == 4 and turns[3]["role"] == "user"  # both results in one turn
+    results = re.findall(r"<tool_response>\n(.*?)\n</tool_response>", turns[3]["content"])
+    assert [json.loads(r) for r in results] == [{"name": "get_weather", "content": "4 C"},
+                                                {"name": "get_weather", "content": "19 C"}]
+
+
+@pytest.mark.parametrize(("messages", "param"), [
+    ([], "messages"),
+    ([{"role": "wizard", "content": "x"}], "messages[0].role"),
+    ([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}], "messages[0].content[0]"),
+    ([{"role": "user", "content": 3}], "messages[0].content"),
+    ([{"role": "user", "content": "x"}, {"role": "tool", "tool_call_id": "call_zz", "content": "r"}],
+     "messages[1].tool_call_id"),
+    ([{"role": "assistant", "content": None, "tool_calls": [{"type": "function"}]}], "messages[0].tool_calls[0]"),
+])
+def test_bad_messages_name_the_field(messages: list, param: str) -> None:
+    with pytest.raises(MessageError) as err:
+        normalize_messages(messages, TOOLS, parse_tool_choice("auto", TOOLS))
+    assert err.value.param == param and err.value.code == "invalid_messages"

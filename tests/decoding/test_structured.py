@@ -1,0 +1,101 @@
+"""response_format parsing, output planning under each tool_choice, preflight by name, output checks."""
+
+from __future__ import annotations
+
+import pytest
+
+from decoding.constraints.base import ConstraintError, UnsupportedKeywordError
+from decoding.errors import InvalidRequestError
+from decoding.structured import (
+    OutputValidationError,
+    bound_strings,
+    parse_response_format,
+    plan_output,
+)
+from decoding.tools import parse_tool_choice, parse_tools
+from tests.decoding.test_tools import BOOK, WEATHER
+
+TOOLS = parse_tools([WEATHER, BOOK])
+PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer", "minimum": 0}},
+          "required": ["name", "age"]}
+
+
+def _format(schema: dict, strict: bool | None = None) -> dict:
+    spec: dict = {"name": "person", "schema": schema}
+    if strict is not None:
+        spec["strict"] = strict
+    return {"type": "json_schema", "json_schema": spec}
+
+
+@pytest.mark.parametrize(("raw", "param"), [
+    ({"type": "yaml"}, "response_format.type"),
+    ({"type": "json_schema"}, "response_format.json_schema"),
+    ({"type": "json_schema", "json_schema": {"name": "a b", "schema": {}}}, "response_format.json_schema.name"),
+    ({"type": "json_schema", "json_schema": {"name": "p", "schema": {"type": "nope"}}},
+     "response_format.json_schema.schema"),
+])
+def test_bad_response_formats_name_the_field(raw: dict, param: str) -> None:
+    with pytest.raises((InvalidRequestError, ConstraintError)) as err:
+        parse_response_format(raw)
+    assert err.value.param == param
+
+
+def test_plans_per_mode() -> None:
+    text = parse_response_format(None)
+    assert plan_output(TOOLS, parse_tool_choice("none", TOOLS), text, "xgrammar").spec is None
+    auto = plan_output(TOOLS, parse_tool_choice("auto", TOOLS), text, "xgrammar").spec
+    assert auto is not None and auto.free_text and auto.calls_schema is not None and auto.json_schema is None
+    required = plan_output(TOOLS, parse_tool_choice("required", TOOLS), parse_response_format(_format(PERSON)),
+                           "xgrammar").spec
+    assert required is not None and not required.free_text and required.json_schema is None
+    json_or_call = plan_output(TOOLS, parse_tool_choice("auto", TOOLS), parse_response_format(_format(PERSON)),
+                               "xgrammar").spec
+    assert json_or_call is not None and json_or_call.json_schema == PERSON and not json_or_call.free_text
+    json_only = plan_output([], parse_tool_choice(None, []), parse_response_format({"type": "json_object"}),
+                            "outlines").spec
+    assert json_only is not None and json_only.json_schema == {"type": "object"} and json_only.calls_schema is None
+
+
+def test_unenforced_keywords_are_refused_by_name_unless_strict_is_false() -> None:
+    with pytest.raises(UnsupportedKeywordError) as err:  # outlines has no numeric bounds
+        plan_output([], parse_tool_choice(None, []), parse_response_format(_format(PERSON)), "outlines")
+    assert "'minimum' at /properties/age" in str(err.value)
+    assert err.value.param == "response_format.json_schema.schema"
+    plan = plan_output([], parse_tool_choice(None, []), parse_response_format(_format(PERSON, strict=False)),
+                       "outlines")
+    assert [u.keyword for u in plan.validated_after] == ["minimum"]
+    with pytest.raises(OutputValidationError, match="minimum"):  # validated after, against the full schema
+        plan.finish('{"name":"Ada","age":-3}', "stop")
+    assert plan.finish('{"name":"Ada","age":3}', "stop").parsed == {"name": "Ada", "age": 3}
+
+
+def test_tool_parameters_are_preflighted_with_their_path() -> None:
+    tools = parse_tools([{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"n": {"type": "integer", "multipleOf": 5}}}}}])
+    with pytest.raises(UnsupportedKeywordError) as err:
+        plan_output(tools, parse_tool_choice("auto", tools), parse_response_format(None), "xgrammar")
+    assert err.value.param == "tools[0].function.parameters" and "'multipleOf' at /properties/n" in str(err.value)
+
+
+def test_finish_shapes_outputs() -> None:
+    plan = plan_output(TOOLS, parse_tool_choice("auto", TOOLS), parse_response_format(None), "xgrammar")
+    calls = plan.finish('<tool_call>[{"name":"get_weather","arguments":{"city":"Oslo"}}]', "stop")
+    assert calls.finish_reason == "tool_calls" and calls.content is None
+    assert [c.name for c in calls.tool_calls] == ["get_weather"]
+    text = plan.finish("It is sunny.", "stop")
+    assert (text.content, text.tool_calls, text.finish_reason) == ("It is sunny.", [], "stop")
+    cut = plan.finish('<tool_call>[{"name":"get_wea', "length")
+    assert cut.finish_reason == "length" and cut.tool_calls == []
+    with pytest.raises(OutputValidationError):
+        plan.finish('<tool_call>[{"name":"get_weather","arguments":{}}]', "stop")
+
+
+def test_bound_strings_only_bounds_free_strings() -> None:
+    schema = {"type": "object", "properties": {
+        "a": {"type": "string"}, "b": {"type": "string", "maxLength": 3}, "c": {"type": "string", "enum": ["x"]},
+        "d": {"type": "array", "items": {"type": "string"}}, "e": {"type": "string", "format": "email"}}}
+    bounded = bound_strings(schema, 40)["properties"]
+    assert bounded["a"]["maxLength"] == 40 and bounded["b"]["maxLength"] == 3
+    assert "maxLength" not in bounded["c"] and "maxLength" not in bounded["e"]
+    assert bounded["d"]["items"]["maxLength"] == 40
+    assert "maxLength" not in schema["properties"]["a"]  # the caller's schema is untouched
