@@ -14,6 +14,7 @@ from typing import Any
 
 from decoding.chat import render_prompt
 from decoding.constraints.backends import Backend, make_backend
+from decoding.constraints.bounds import Bounds
 from decoding.errors import InvalidRequestError
 from decoding.generate import Engine, Generation, GenerationConfig, GenerationResult
 from decoding.structured import ChatOutput, OutputPlan, parse_response_format, plan_output
@@ -24,7 +25,7 @@ from decoding.tools import parse_tool_choice, parse_tools
 class ConstraintOptions:
     backend: str = "outlines"
     allow_validate_after: bool = False  # generate under what the backend enforces, validate the rest after
-    max_string_length: int | None = None  # bound free strings so a small model cannot run on in one
+    bounds: Bounds | None = None  # limits on unbounded strings and numbers (a small model runs on in them)
     compile_timeout_s: float | None = 60.0  # give up on a schema outlines cannot compile in this time
 
 
@@ -74,7 +75,7 @@ class ChatEngine:
         choice = parse_tool_choice(request.tool_choice, tools, request.parallel_tool_calls)
         response_format = parse_response_format(request.response_format)
         plan = plan_output(tools, choice, response_format, options.backend, options.allow_validate_after,
-                           options.max_string_length)
+                           options.bounds)
         config = request.config
         if plan.spec is not None:
             if config.stop:

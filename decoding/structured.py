@@ -9,12 +9,12 @@ calls into OpenAI `tool_calls`.
 
 from __future__ import annotations
 
-import copy
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
 from decoding.constraints.base import ConstraintError, UnsupportedKeywordError
+from decoding.constraints.bounds import Bounds, bound_schema
 from decoding.constraints.preflight import Unsupported, check_schema, preflight, validate_output
 from decoding.constraints.spec import TOOL_CALL_MARKER, GrammarSpec
 from decoding.errors import InvalidRequestError
@@ -71,21 +71,6 @@ def parse_response_format(raw: Any) -> ResponseFormat:
     return ResponseFormat("json_schema", schema, name, strict)
 
 
-def bound_strings(schema: Any, max_length: int) -> Any:
-    """A copy of `schema` where every free string (no maxLength, enum, const, pattern or format) gets
-    maxLength `max_length`: a small model cannot run on inside one string until max_tokens."""
-    if isinstance(schema, list):
-        return [bound_strings(s, max_length) for s in schema]
-    if not isinstance(schema, dict):
-        return schema
-    out = {k: bound_strings(v, max_length) if isinstance(v, dict | list) else copy.copy(v) for k, v in schema.items()}
-    kinds = schema.get("type")
-    is_string = kinds == "string" or (isinstance(kinds, list) and kinds == ["string"])
-    if is_string and not ({"maxLength", "enum", "const", "pattern", "format"} & schema.keys()):
-        out["maxLength"] = max_length
-    return out
-
-
 @dataclass
 class ChatOutput:
     content: str | None
@@ -136,7 +121,7 @@ def plan_output(
     response_format: ResponseFormat,
     backend: str,
     allow_validate_after: bool = False,
-    max_string_length: int | None = None,
+    bounds: Bounds | None = None,
 ) -> OutputPlan:
     """The grammar for this request's output, after preflight under `backend`."""
     json_schema = response_format.schema if response_format.type != "text" else None
@@ -155,7 +140,7 @@ def plan_output(
         return OutputPlan(None)
 
     def bounded(schema: dict[str, Any] | None) -> dict[str, Any] | None:
-        return schema if schema is None or max_string_length is None else bound_strings(schema, max_string_length)
+        return schema if schema is None or bounds is None else bound_schema(schema, bounds, backend)
 
     spec = GrammarSpec(
         json_schema=bounded(json_schema) if choice.mode != "required" else None,

@@ -63,3 +63,16 @@ def test_the_corpus_is_clean_but_for_its_unsupported_entries() -> None:
                 preflight(entry["schema"], "outlines")
         else:
             assert preflight(entry["schema"], "outlines") == [], entry["id"]
+
+
+@pytest.mark.parametrize(("backend", "dropped"), [("outlines", ["pattern (with maxLength)"]),
+                                                  ("xgrammar", ["maxLength (with pattern)"])])
+def test_a_length_with_a_pattern_is_named_for_the_side_each_backend_drops(backend: str, dropped: list[str]) -> None:
+    # measured: outlines keeps the length and drops the pattern; xgrammar the other way round
+    schema = {"type": "string", "pattern": "^[a-z]+$", "maxLength": 3}
+    assert [u.keyword for u in unsupported_keywords(schema, backend)] == dropped
+
+
+def test_formats_are_validated() -> None:
+    with pytest.raises(ConstraintError, match="email"):
+        validate_output('"not an address"', {"type": "string", "format": "email"})

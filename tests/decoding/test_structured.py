@@ -8,7 +8,6 @@ from decoding.constraints.base import ConstraintError, UnsupportedKeywordError
 from decoding.errors import InvalidRequestError
 from decoding.structured import (
     OutputValidationError,
-    bound_strings,
     parse_response_format,
     plan_output,
 )
@@ -88,14 +87,3 @@ def test_finish_shapes_outputs() -> None:
     assert cut.finish_reason == "length" and cut.tool_calls == []
     with pytest.raises(OutputValidationError):
         plan.finish('<tool_call>[{"name":"get_weather","arguments":{}}]', "stop")
-
-
-def test_bound_strings_only_bounds_free_strings() -> None:
-    schema = {"type": "object", "properties": {
-        "a": {"type": "string"}, "b": {"type": "string", "maxLength": 3}, "c": {"type": "string", "enum": ["x"]},
-        "d": {"type": "array", "items": {"type": "string"}}, "e": {"type": "string", "format": "email"}}}
-    bounded = bound_strings(schema, 40)["properties"]
-    assert bounded["a"]["maxLength"] == 40 and bounded["b"]["maxLength"] == 3
-    assert "maxLength" not in bounded["c"] and "maxLength" not in bounded["e"]
-    assert bounded["d"]["items"]["maxLength"] == 40
-    assert "maxLength" not in schema["properties"]["a"]  # the caller's schema is untouched

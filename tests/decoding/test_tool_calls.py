@@ -13,6 +13,7 @@ import torch
 
 from decoding.chat_engine import ChatEngine, ChatRequest, ConstraintOptions
 from decoding.constraints.backends import make_backend
+from decoding.constraints.bounds import Bounds
 from decoding.constraints.spec import GrammarSpec
 from decoding.drafters import CompositeDrafter, DraftModelDrafter, GrammarForcedDrafter, NgramDrafter
 from decoding.errors import InvalidRequestError, UnknownToolError
@@ -49,7 +50,7 @@ def _chat(target: LoadedModel, backend: str, speculative: bool = True) -> ChatEn
     drafter = CompositeDrafter([GrammarForcedDrafter(), NgramDrafter(),
                                 DraftModelDrafter(perturbed_copy(target.model, seed=9, noise=0.05), max_tokens=4)])
     engine = Engine(target, drafter if speculative else None, max_draft_tokens=6)
-    return ChatEngine(engine, ConstraintOptions(backend=backend, max_string_length=8))
+    return ChatEngine(engine, ConstraintOptions(backend=backend, bounds=Bounds(string_length=8)))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -1,0 +1,70 @@
+"""Limits a route may put on what a schema leaves unbounded, so a small model cannot run on forever.
+
+Greedy decoding of a 135M model repeats itself: inside a free string, in the digits of an integer, in
+the local part of an email. Each is valid JSON all the way to `max_tokens`, and then cut. With bounds,
+a free string gets `maxLength`, a number a digit limit, and the unbounded formats a bounded pattern
+that only matches valid values of the format. The output is then valid for the caller's schema too
+(a subset of its language), and it is validated against the caller's schema, not the bounded one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+# bounded patterns for the formats whose values have no natural length; each matches valid values only
+_LABEL = "[a-z0-9](?:[a-z0-9-]{0,30}[a-z0-9])?"
+FORMAT_PATTERNS = {
+    "email": f"^[A-Za-z0-9_%+-]{{1,24}}(?:\\.[A-Za-z0-9_%+-]{{1,24}}){{0,2}}@{_LABEL}(?:\\.{_LABEL}){{0,2}}"
+             "\\.[a-z]{2,12}$",
+    "hostname": f"^{_LABEL}(?:\\.{_LABEL}){{0,3}}$",
+    "uri": f"^https?://{_LABEL}(?:\\.{_LABEL}){{0,3}}(?:/[A-Za-z0-9._~-]{{1,24}}){{0,6}}$",
+}
+LENGTH_KEYS = frozenset({"minLength", "maxLength"})
+
+
+@dataclass(frozen=True)
+class Bounds:
+    string_length: int = 64  # maxLength of a string that has none (and no enum, const, pattern or format)
+    digits: int = 12  # digits of an integer (or of a number's integer and fraction parts) without bounds
+
+
+def _has_type(schema: dict[str, Any], kind: str) -> bool:
+    declared = schema.get("type")
+    return declared == kind or (isinstance(declared, list) and kind in declared)
+
+
+def _bound_node(node: dict[str, Any], bounds: Bounds, backend: str) -> None:
+    if "enum" in node or "const" in node:
+        return
+    if _has_type(node, "string") and not LENGTH_KEYS & node.keys():
+        if node.get("format") in FORMAT_PATTERNS and "pattern" not in node:
+            node["pattern"] = FORMAT_PATTERNS[node.pop("format")]
+        elif "format" not in node and "pattern" not in node:
+            node["maxLength"] = bounds.string_length
+    limit = 10**bounds.digits - 1
+    for kind in ("integer", "number"):
+        if not _has_type(node, kind):
+            continue
+        if backend == "outlines":  # outlines-core's own digit keywords (it enforces no numeric bounds)
+            if kind == "integer":
+                node.setdefault("maxDigits", bounds.digits)
+            else:
+                node.setdefault("maxDigitsInteger", bounds.digits)
+                node.setdefault("maxDigitsFraction", bounds.digits)
+        elif kind == "integer":
+            if not {"minimum", "exclusiveMinimum"} & node.keys():
+                node["minimum"] = -limit
+            if not {"maximum", "exclusiveMaximum"} & node.keys():
+                node["maximum"] = limit
+
+
+def bound_schema(schema: Any, bounds: Bounds, backend: str) -> Any:
+    """A bounded copy of `schema` for `backend`; the caller's schema is left as it is."""
+    if isinstance(schema, list):
+        return [bound_schema(s, bounds, backend) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: bound_schema(v, bounds, backend) for k, v in schema.items()}
+    _bound_node(out, bounds, backend)
+    return out

@@ -1,0 +1,48 @@
+"""Bounds on what a schema leaves unbounded: the bounded schema's values are valid for the caller's."""
+
+from __future__ import annotations
+
+import re
+
+import jsonschema
+import pytest
+
+from decoding.constraints.bounds import FORMAT_PATTERNS, Bounds, bound_schema
+
+SCHEMA = {"type": "object", "properties": {
+    "free": {"type": "string"}, "short": {"type": "string", "maxLength": 3}, "pick": {"type": "string", "enum": ["x"]},
+    "tags": {"type": "array", "items": {"type": "string"}}, "mail": {"type": "string", "format": "email"},
+    "day": {"type": "string", "format": "date"}, "code": {"type": "string", "pattern": "^[A-Z]+$"},
+    "count": {"type": "integer"}, "floor": {"type": "integer", "minimum": 5}, "ratio": {"type": "number"},
+    "maybe": {"type": ["string", "null"]}}}
+
+
+def test_only_unbounded_values_get_bounds() -> None:
+    props = bound_schema(SCHEMA, Bounds(string_length=40, digits=6), "xgrammar")["properties"]
+    assert props["free"]["maxLength"] == 40 and props["tags"]["items"]["maxLength"] == 40
+    assert props["maybe"]["maxLength"] == 40
+    assert props["short"]["maxLength"] == 3 and "maxLength" not in props["pick"]
+    assert props["day"] == {"type": "string", "format": "date"} and props["code"] == SCHEMA["properties"]["code"]
+    assert "format" not in props["mail"] and props["mail"]["pattern"] == FORMAT_PATTERNS["email"]
+    assert (props["count"]["minimum"], props["count"]["maximum"]) == (-999999, 999999)
+    assert (props["floor"]["minimum"], props["floor"]["maximum"]) == (5, 999999)
+    assert "free" in SCHEMA["properties"] and "maxLength" not in SCHEMA["properties"]["free"]  # caller's untouched
+
+
+def test_outlines_gets_its_own_digit_keywords() -> None:
+    props = bound_schema(SCHEMA, Bounds(digits=6), "outlines")["properties"]
+    assert props["count"]["maxDigits"] == 6 and "maximum" not in props["count"]
+    assert props["ratio"]["maxDigitsInteger"] == 6 and props["ratio"]["maxDigitsFraction"] == 6
+
+
+@pytest.mark.parametrize(("fmt", "values"), [
+    ("email", ["anna.schmidt@example.com", "j+x@mail.example.co"]),
+    ("hostname", ["api.example.com", "localhost"]),
+    ("uri", ["https://example.com/a/b.html", "http://x.io"]),
+])
+def test_format_patterns_match_valid_values_and_stay_short(fmt: str, values: list[str]) -> None:
+    checker = jsonschema.Draft202012Validator.FORMAT_CHECKER
+    for value in values:
+        assert re.fullmatch(FORMAT_PATTERNS[fmt].strip("^$"), value), value
+        assert checker.conforms(value, fmt)
+    assert not re.fullmatch(FORMAT_PATTERNS[fmt].strip("^$"), "a" * 400)
