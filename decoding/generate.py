@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 
 from decoding.adaptive import ControllerConfig, SpeculationController
-from decoding.constraints.base import Grammar, GrammarFactory
+from decoding.constraints.base import Grammar, GrammarFactory, TimedGrammar
 from decoding.drafters.base import Drafter, Proposal
 from decoding.errors import ContextLengthError, InvalidRequestError
 from decoding.loading import LoadedModel
@@ -203,54 +203,58 @@ class Engine:
             drafter.reset()
             drafter.prepare(min(need, self.max_context))
 
-        grammar = config.grammar.new() if config.grammar is not None else None
-        tokens = list(prompt)
-        logits = model(torch.tensor(tokens), 0, last_only=True)  # [1, V] prefill
-        stats.target_passes += 1
-        token = next_token(logits[-1], params, gen, grammar.allowed_mask() if grammar else None)
-        if grammar is not None:
-            grammar.accept(token)
-        tokens.append(token)
-        produced = 1
-        yield [token]
-        pos = len(tokens) - 1  # position of the last token, which is not in the cache yet
-
-        while produced < budget:
-            proposal = Proposal()
-            # drafts beyond the budget or the cache would be wasted: each pass emits accepted + 1
-            room = min(budget - produced - 1, self.max_context - pos - 1, k_max)
-            if drafter is not None and room > 0:
-                if controller.should_speculate():
-                    proposal = drafter.propose(tokens, room, params, gen, grammar)
-                else:
-                    stats.paused_steps += 1
-            k = len(proposal)
-            inp = torch.tensor([token, *proposal.tokens])  # [k + 1]
-            logits = model(inp, pos)  # [k + 1, V]
+        grammar = TimedGrammar(config.grammar.new()) if config.grammar is not None else None
+        try:
+            tokens = list(prompt)
+            logits = model(torch.tensor(tokens), 0, last_only=True)  # [1, V] prefill
             stats.target_passes += 1
-            masks = grammar_masks(grammar, proposal.tokens) if grammar is not None else None  # [k + 1, V]
-            if k == 0:
-                emitted = [next_token(logits[0], params, gen, None if masks is None else masks[0])]
-            else:
-                if params.greedy:
-                    masked = logits if masks is None else logits.masked_fill(~masks, float("-inf"))
-                    verdict = verify_greedy(proposal.tokens, masked.argmax(-1).tolist())
-                else:
-                    target_probs = processed_probs(logits, params, masks)  # [k + 1, V]
-                    verdict = rejection_sample(proposal.tokens, proposal.probs, target_probs, gen)
-                emitted = [*proposal.tokens[: verdict.num_accepted], verdict.next_token]
-                assert drafter is not None
-                drafter.observe(k, verdict.num_accepted)
-                controller.observe(k, verdict.num_accepted, proposal.model_drafted)
-                stats.record(proposal.sources, verdict.num_accepted)
+            token = next_token(logits[-1], params, gen, grammar.allowed_mask() if grammar else None)
             if grammar is not None:
-                for t in emitted:
-                    grammar.accept(t)
-            tokens.extend(emitted)
-            pos += len(emitted)
-            token = emitted[-1]
-            produced += len(emitted)
-            yield emitted
+                grammar.accept(token)
+            tokens.append(token)
+            produced = 1
+            yield [token]
+            pos = len(tokens) - 1  # position of the last token, which is not in the cache yet
+
+            while produced < budget:
+                proposal = Proposal()
+                # drafts beyond the budget or the cache would be wasted: each pass emits accepted + 1
+                room = min(budget - produced - 1, self.max_context - pos - 1, k_max)
+                if drafter is not None and room > 0:
+                    if controller.should_speculate():
+                        proposal = drafter.propose(tokens, room, params, gen, grammar)
+                    else:
+                        stats.paused_steps += 1
+                k = len(proposal)
+                inp = torch.tensor([token, *proposal.tokens])  # [k + 1]
+                logits = model(inp, pos)  # [k + 1, V]
+                stats.target_passes += 1
+                masks = grammar_masks(grammar, proposal.tokens) if grammar is not None else None  # [k + 1, V]
+                if k == 0:
+                    emitted = [next_token(logits[0], params, gen, None if masks is None else masks[0])]
+                else:
+                    if params.greedy:
+                        masked = logits if masks is None else logits.masked_fill(~masks, float("-inf"))
+                        verdict = verify_greedy(proposal.tokens, masked.argmax(-1).tolist())
+                    else:
+                        target_probs = processed_probs(logits, params, masks)  # [k + 1, V]
+                        verdict = rejection_sample(proposal.tokens, proposal.probs, target_probs, gen)
+                    emitted = [*proposal.tokens[: verdict.num_accepted], verdict.next_token]
+                    assert drafter is not None
+                    drafter.observe(k, verdict.num_accepted)
+                    controller.observe(k, verdict.num_accepted, proposal.model_drafted)
+                    stats.record(proposal.sources, verdict.num_accepted)
+                if grammar is not None:
+                    for t in emitted:
+                        grammar.accept(t)
+                tokens.extend(emitted)
+                pos += len(emitted)
+                token = emitted[-1]
+                produced += len(emitted)
+                yield emitted
+        finally:
+            if grammar is not None:
+                stats.grammar_s += grammar.seconds
 
 
 def grammar_masks(grammar: Grammar, drafts: list[int]) -> torch.Tensor:

@@ -13,6 +13,7 @@ class SpecStats:
     verify_passes: int = 0  # target passes that verified at least one draft token
     target_passes: int = 0  # every target forward, prefill included
     paused_steps: int = 0  # decode steps where the controller chose not to speculate
+    grammar_s: float = 0.0  # time inside the grammar (masks, advance, rollback), drafters' calls included
     # [position] how often a draft was proposed / accepted at that offset of a proposal
     per_position_drafted: list[int] = field(default_factory=list)
     per_position_accepted: list[int] = field(default_factory=list)
@@ -51,6 +52,7 @@ class SpecStats:
         self.verify_passes += other.verify_passes
         self.target_passes += other.target_passes
         self.paused_steps += other.paused_steps
+        self.grammar_s += other.grammar_s
         for i, (d, a) in enumerate(zip(other.per_position_drafted, other.per_position_accepted, strict=True)):
             if i >= len(self.per_position_drafted):
                 self.per_position_drafted.append(0)
@@ -71,6 +73,7 @@ class SpecStats:
             "verify_passes": self.verify_passes,
             "target_passes": self.target_passes,
             "paused_steps": self.paused_steps,
+            "grammar_s": round(self.grammar_s, 6),
             "per_position_acceptance": [
                 round(a / d, 4) if d else 0.0
                 for d, a in zip(self.per_position_drafted, self.per_position_accepted, strict=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from decoding.bench.constrained import ConstrainedReport
 from decoding.stats import SpecStats
 
 # A greedy divergence between two bf16 computations is a near-tie when the target's logits of the two
@@ -88,11 +89,21 @@ class Row:
 class BenchReport:
     rows: list[Row]
     meta: dict[str, Any]
+    constrained: ConstrainedReport | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"meta": self.meta, "configs": [r.to_dict() for r in self.rows]}
+        out: dict[str, Any] = {"meta": self.meta, "configs": [r.to_dict() for r in self.rows]}
+        if self.constrained is not None:
+            out["constrained"] = self.constrained.to_dict()
+        return out
 
     def table(self) -> str:
+        tables = [self._table()] if self.rows else []
+        if self.constrained is not None:
+            tables.append(self.constrained.table())
+        return "\n\n".join(tables)
+
+    def _table(self) -> str:
         head = f"{'configuration':<26}{'category':<10}{'tok/s':>8}{'speedup':>9} {'accept':>8}{'acc.len':>8}" \
                f"{'pass/tok':>9}  identical"
         lines = [head, "-" * len(head)]

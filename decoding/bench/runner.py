@@ -15,8 +15,9 @@ import torch
 from tqdm import tqdm
 
 from decoding.bench.baselines import HFRunner, LlamaCppRunner, llama_cpp_available
+from decoding.bench.constrained import run_constrained
 from decoding.bench.report import BenchReport, Divergence, Measurement, Row
-from decoding.bench.workload import BenchPrompt, load_workload
+from decoding.bench.workload import CATEGORIES, CONSTRAINED, BenchPrompt, load_workload
 from decoding.drafters import CompositeDrafter, DraftModelDrafter, NgramDrafter
 from decoding.generate import Engine, GenerationConfig
 from decoding.loading import LoadedModel, check_same_tokenizer, embedded_gguf_path, load_model
@@ -36,6 +37,7 @@ class BenchOptions:
     dtype: str = "auto"
     draft: str | None = None
     seed: int = 0
+    constrained_max_new_tokens: int = 256  # a tool call or a schema output runs to its end
 
 
 # a configuration: prompt ids, max tokens, seed -> (generated tokens, speculative stats or None)
@@ -122,7 +124,14 @@ def run_bench(options: BenchOptions) -> BenchReport:
     torch.manual_seed(options.seed)
     target = load_model("embedded", options.dtype)
     draft = load_model(options.draft, options.dtype) if options.draft else None
-    prompts = load_workload(options.quick, options.categories)
+    wanted = options.categories or (*CATEGORIES, CONSTRAINED)
+    plain = tuple(c for c in wanted if c != CONSTRAINED)
+    constrained = None
+    if CONSTRAINED in wanted:
+        constrained = run_constrained(target, draft, options.quick, options.constrained_max_new_tokens)
+    prompts = load_workload(options.quick, plain) if plain else []
+    if not prompts:
+        return BenchReport([], _meta(target, draft, options, 0), constrained)
     encoded = {p.id: target.tokenizer.apply_chat_template(p.messages) for p in prompts}
     configs = build_configs(target, draft, options)
 
@@ -165,11 +174,15 @@ def run_bench(options: BenchOptions) -> BenchReport:
         baseline = results[(TARGET_ONLY, category)].tokens_per_s
         for config in configs:
             rows.append(Row(config.name, category, config.reference, results[(config.name, category)], baseline))
-    meta = {
+    return BenchReport(rows, _meta(target, draft, options, len(prompts)), constrained)
+
+
+def _meta(target: LoadedModel, draft: LoadedModel | None, options: BenchOptions, prompts: int) -> dict[str, object]:
+    return {
         "target": target.source,
         "dtype": str(target.model.dtype).removeprefix("torch."),
         "draft": draft.source if draft else None,
-        "prompts": len(prompts),
+        "prompts": prompts,
         "max_new_tokens": options.max_new_tokens,
         "temperature": options.temperature,
         "threads": torch.get_num_threads(),
@@ -177,4 +190,3 @@ def run_bench(options: BenchOptions) -> BenchReport:
         "torch": torch.__version__,
         "llama_cpp": llama_cpp_available(),
     }
-    return BenchReport(rows, meta)

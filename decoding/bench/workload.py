@@ -8,6 +8,7 @@ from importlib import resources
 from typing import Any
 
 CATEGORIES = ("tool", "copy", "summary", "chat")
+CONSTRAINED = "constrained"  # tool calls and schema outputs under a grammar: decoding/bench/constrained.py
 
 
 @dataclass(frozen=True)

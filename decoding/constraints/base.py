@@ -9,6 +9,7 @@ tokens it proposes to build those masks, and rolls back over the rejected ones.
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 
 import torch
@@ -96,3 +97,36 @@ class GrammarFactory(ABC):
 
     @abstractmethod
     def new(self) -> Grammar: ...
+
+
+class TimedGrammar(Grammar):
+    """A grammar that adds the time spent in it to `seconds` (what the bench calls the mask cost)."""
+
+    def __init__(self, inner: Grammar) -> None:
+        self.inner = inner
+        self.vocab_size = inner.vocab_size
+        self.seconds = 0.0
+
+    def allowed_mask(self) -> torch.Tensor:
+        start = time.perf_counter()
+        mask = self.inner.allowed_mask()
+        self.seconds += time.perf_counter() - start
+        return mask
+
+    def accept(self, token: int) -> None:
+        start = time.perf_counter()
+        try:
+            self.inner.accept(token)
+        finally:
+            self.seconds += time.perf_counter() - start
+
+    def rollback(self, n: int) -> None:
+        start = time.perf_counter()
+        self.inner.rollback(n)
+        self.seconds += time.perf_counter() - start
+
+    def is_finished(self) -> bool:
+        start = time.perf_counter()
+        done = self.inner.is_finished()
+        self.seconds += time.perf_counter() - start
+        return done

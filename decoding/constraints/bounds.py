@@ -1,10 +1,12 @@
 """Limits a route may put on what a schema leaves unbounded, so a small model cannot run on forever.
 
 Greedy decoding of a 135M model repeats itself: inside a free string, in the digits of an integer, in
-the local part of an email. Each is valid JSON all the way to `max_tokens`, and then cut. With bounds,
-a free string gets `maxLength`, a number a digit limit, and the unbounded formats a bounded pattern
-that only matches valid values of the format. The output is then valid for the caller's schema too
-(a subset of its language), and it is validated against the caller's schema, not the bounded one.
+the local part of an email, in the fraction of a second. Each is valid JSON all the way to
+`max_tokens`, and then cut. With bounds, a free string gets `maxLength`, a number a digit limit, and
+the unbounded formats a bounded pattern that only matches valid values of the format. The output is
+then valid for the caller's schema too (a subset of its language), and it is validated against the
+caller's schema, not the bounded one. Bounded formats also keep outlines' automata small: schemas with
+email or uri strings that take outlines minutes unbounded compile in seconds.
 """
 
 from __future__ import annotations
@@ -14,10 +16,14 @@ from typing import Any
 
 # bounded patterns for the formats whose values have no natural length; each matches valid values only
 _LABEL = "[a-z0-9](?:[a-z0-9-]{0,30}[a-z0-9])?"
+# RFC 3339 time with at most 6 fraction digits (the backends' own allow any number)
+_TIME = "(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]{1,6})?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
 FORMAT_PATTERNS = {
     "email": f"^[A-Za-z0-9_%+-]{{1,24}}(?:\\.[A-Za-z0-9_%+-]{{1,24}}){{0,2}}@{_LABEL}(?:\\.{_LABEL}){{0,2}}"
              "\\.[a-z]{2,12}$",
     "hostname": f"^{_LABEL}(?:\\.{_LABEL}){{0,3}}$",
+    "time": f"^{_TIME}$",
+    "date-time": f"^[0-9]{{4}}-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12][0-9]|3[01])T{_TIME}$",
     "uri": f"^https?://{_LABEL}(?:\\.{_LABEL}){{0,3}}(?:/[A-Za-z0-9._~-]{{1,24}}){{0,6}}$",
 }
 LENGTH_KEYS = frozenset({"minLength", "maxLength"})

@@ -39,6 +39,8 @@ def test_outlines_gets_its_own_digit_keywords() -> None:
     ("email", ["anna.schmidt@example.com", "j+x@mail.example.co"]),
     ("hostname", ["api.example.com", "localhost"]),
     ("uri", ["https://example.com/a/b.html", "http://x.io"]),
+    ("time", ["14:30:00Z", "23:59:59.123456+02:00"]),
+    ("date-time", ["2026-04-18T14:30:00Z", "2026-12-02T08:00:00.5-05:00"]),
 ])
 def test_format_patterns_match_valid_values_and_stay_short(fmt: str, values: list[str]) -> None:
     checker = jsonschema.Draft202012Validator.FORMAT_CHECKER

@@ -8,11 +8,11 @@ import pytest
 
 from decoding.constraints.backends import make_backend
 from decoding.constraints.base import CompileTimeoutError
+from decoding.constraints.bounds import Bounds, bound_schema
 from decoding.constraints.preflight import validate_output
 from decoding.drafters import CompositeDrafter, GrammarForcedDrafter, NgramDrafter
 from decoding.generate import Engine, GenerationConfig
 from decoding.loading import LoadedModel
-from decoding.constraints.bounds import Bounds, bound_schema
 from tests.decoding.test_preflight import corpus
 
 pytestmark = pytest.mark.slow
@@ -21,17 +21,16 @@ pytestmark = pytest.mark.slow
 BOUNDS = Bounds(string_length=40, digits=12)
 
 
-def _entries(backend: str) -> list[dict]:
-    clean = [e for e in corpus() if not e["id"].startswith("unsupported-")]
-    return [e for e in clean if backend not in e.get("too_slow_for", [])]
+def _entries() -> list[dict]:
+    return [e for e in corpus() if not e["id"].startswith("unsupported-")]
 
 
 @pytest.mark.parametrize("backend_name", ["xgrammar", "outlines"])
 def test_corpus_outputs_validate(embedded_model: LoadedModel, backend_name: str) -> None:
     tokenizer = embedded_model.tokenizer
     backend = make_backend(backend_name, tokenizer)
-    entries = _entries(backend_name)
-    assert len(entries) >= 40
+    entries = _entries()
+    assert len(entries) >= 50
     engine = Engine(embedded_model, CompositeDrafter([GrammarForcedDrafter(), NgramDrafter()]))
     compile_s = []
     for entry in entries:
@@ -40,13 +39,13 @@ def test_corpus_outputs_validate(embedded_model: LoadedModel, backend_name: str)
         compile_s.append(time.perf_counter() - started)
         prompt = tokenizer.apply_chat_template([{"role": "user", "content": entry["prompt"]}])
         result = engine.complete(prompt, GenerationConfig(max_new_tokens=320, grammar=factory))
-        if result.finish_reason != "stop":
-            print("CUT", entry["id"], repr(result.text[-100:])); continue
+        assert result.finish_reason == "stop", f"{entry['id']}: cut by max_tokens: ...{result.text[-100:]!r}"
         validate_output(result.text, entry["schema"])  # the caller's schema, unbounded; raises with the reason
     print(f"\n{backend_name}: {len(entries)} schemas, all complete and valid; compile max {max(compile_s):.2f} s")
 
 
 def test_outlines_gives_up_on_an_exploding_schema_by_name(embedded_model: LoadedModel) -> None:
+    # unbounded, this schema's email strings take outlines over 90 s (`too_slow_for` in the corpus)
     slow = next(e for e in corpus() if "outlines" in e.get("too_slow_for", []))
     backend = make_backend("outlines", embedded_model.tokenizer, compile_timeout_s=2.0)
     with pytest.raises(CompileTimeoutError, match="xgrammar") as err:

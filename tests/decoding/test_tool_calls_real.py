@@ -1,0 +1,70 @@
+"""Tool calls on the real model for every tool_choice mode, both backends: valid calls, right shapes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from decoding.chat_engine import ChatEngine, ChatRequest, ConstraintOptions
+from decoding.constraints.bounds import Bounds
+from decoding.drafters import CompositeDrafter, GrammarForcedDrafter, NgramDrafter
+from decoding.generate import Engine, GenerationConfig
+from decoding.loading import LoadedModel
+
+pytestmark = pytest.mark.slow
+
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Current weather for a city",
+                                      "parameters": {"type": "object", "properties": {
+                                          "city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+                                          "required": ["city", "unit"], "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "search", "description": "Search the web",
+                                      "parameters": {"type": "object", "properties": {"query": {"type": "string"}},
+                                                     "required": ["query"], "additionalProperties": False}}},
+]
+ASK = [{"role": "user", "content": "What's the weather in Paris in celsius?"}]
+
+
+@pytest.mark.parametrize("backend", ["outlines", "xgrammar"])
+def test_every_tool_choice_mode_on_the_real_model(embedded_model: LoadedModel, backend: str) -> None:
+    engine = Engine(embedded_model, CompositeDrafter([GrammarForcedDrafter(), NgramDrafter()]))
+    chat = ChatEngine(engine, ConstraintOptions(backend=backend, bounds=Bounds()))
+
+    def ask(choice: object, parallel: bool | None = None) -> tuple:
+        request = ChatRequest(ASK, GenerationConfig(max_new_tokens=96), tools=TOOLS, tool_choice=choice,
+                              parallel_tool_calls=parallel)
+        return chat.complete(request)
+
+    required, result = ask("required", parallel=False)
+    assert required.finish_reason == "tool_calls" and required.content is None
+    [call] = required.tool_calls
+    assert call.name == "get_weather", result.text
+    assert json.loads(call.arguments) == {"city": "Paris", "unit": "celsius"}
+    assert result.stats.by_source.get("grammar", [0, 0])[1] > 0  # forced tokens were drafted and kept
+
+    named, _ = ask({"type": "function", "function": {"name": "search"}})
+    assert [c.name for c in named.tool_calls] == ["search"] and named.finish_reason == "tool_calls"
+    assert isinstance(json.loads(named.tool_calls[0].arguments)["query"], str)
+
+    none, _ = ask("none")
+    assert none.tool_calls == [] and none.content and none.finish_reason in ("stop", "length")
+
+    auto, result = ask("auto")
+    assert auto.finish_reason in ("stop", "length", "tool_calls")
+    assert (auto.finish_reason == "tool_calls") == bool(auto.tool_calls)
+    assert auto.tool_calls or auto.content == result.text
+
+
+def test_response_format_json_object_and_schema(embedded_model: LoadedModel) -> None:
+    chat = ChatEngine(Engine(embedded_model, CompositeDrafter([GrammarForcedDrafter(), NgramDrafter()])))
+    ask = [{"role": "user", "content": "Give me a JSON object describing a cat with a name and an age."}]
+    obj, _ = chat.complete(ChatRequest(ask, GenerationConfig(max_new_tokens=64),
+                                       response_format={"type": "json_object"}))
+    assert obj.finish_reason == "stop" and isinstance(json.loads(obj.content or ""), dict)
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20},
+                                               "age": {"type": "integer", "enum": [1, 2, 3, 4, 5]}},
+              "required": ["name", "age"], "additionalProperties": False}
+    typed, _ = chat.complete(ChatRequest(ask, GenerationConfig(max_new_tokens=64), response_format={
+        "type": "json_schema", "json_schema": {"name": "cat", "schema": schema, "strict": True}}))
+    assert typed.finish_reason == "stop" and set(typed.parsed) == {"name", "age"}
