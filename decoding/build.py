@@ -2,21 +2,24 @@
 
 from __future__ import annotations
 
-from decoding.drafters import CompositeDrafter, Drafter, DraftModelDrafter, NgramDrafter
+from decoding.drafters import CompositeDrafter, Drafter, DraftModelDrafter, GrammarForcedDrafter, NgramDrafter
 from decoding.errors import ModelLoadError
 from decoding.generate import Engine
 from decoding.loading import LoadedModel, check_same_tokenizer, load_model
 
-DRAFTER_NAMES = ("ngram", "draft")
+DRAFTER_NAMES = ("grammar", "ngram", "draft")
 
 
 def build_drafter(
     names: list[str], target: LoadedModel, draft: LoadedModel | None, max_draft_tokens: int
 ) -> Drafter | None:
-    """Drafters in the order given; "draft" needs a draft model with the target's tokenizer."""
+    """Drafters in the order given; "draft" needs a draft model with the target's tokenizer; "grammar"
+    proposes the tokens a grammar forces (nothing without one)."""
     drafters: list[Drafter] = []
     for name in names:
-        if name == "ngram":
+        if name == "grammar":  # proposes only under a grammar; a no-op otherwise
+            drafters.append(GrammarForcedDrafter())
+        elif name == "ngram":
             drafters.append(NgramDrafter(max_tokens=max_draft_tokens))
         elif name == "draft":
             if draft is None:

@@ -9,38 +9,70 @@ import os
 import sys
 import time
 
-from decoding.errors import DecodingError
+from decoding.errors import DecodingError, InvalidRequestError
+
+
+def _read_json(path: str, what: str) -> object:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, json.JSONDecodeError) as exc:
+        raise InvalidRequestError(f"{what} {path}: {exc}") from exc
 
 
 def _generate(args: argparse.Namespace) -> int:
     from decoding.build import build_engine
+    from decoding.chat_engine import ChatEngine, ChatRequest, ConstraintOptions
+    from decoding.constraints.bounds import Bounds
     from decoding.generate import GenerationConfig
     from decoding.sampling import SamplingParams
 
-    engine = build_engine(args.model, tuple(args.drafters), args.draft, args.dtype, args.max_draft_tokens)
+    drafters = tuple(args.drafters)
+    structured = bool(args.tools or args.json_schema or args.json_object)
+    if structured and "grammar" not in drafters:
+        drafters = ("grammar", *drafters)
+    engine = build_engine(args.model, drafters, args.draft, args.dtype, args.max_draft_tokens)
     messages = [{"role": "user", "content": args.prompt}]
     if args.system:
         messages.insert(0, {"role": "system", "content": args.system})
-    prompt = engine.target.tokenizer.apply_chat_template(messages)
+    response_format = None
+    if args.json_schema:
+        schema = _read_json(args.json_schema, "--json-schema")
+        response_format = {"type": "json_schema", "json_schema": {"name": "output", "schema": schema, "strict": True}}
+    elif args.json_object:
+        response_format = {"type": "json_object"}
+    tool_choice: object = args.tool_choice
+    if tool_choice not in (None, "none", "auto", "required"):
+        tool_choice = {"type": "function", "function": {"name": tool_choice}}
     config = GenerationConfig(
         max_new_tokens=args.max_tokens,
         sampling=SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed),
         stop=tuple(args.stop),
         speculative=not args.no_speculative,
     )
+    chat = ChatEngine(engine, ConstraintOptions(backend=args.backend, bounds=Bounds() if structured else None))
+    prepared = chat.prepare(ChatRequest(
+        messages, config, tools=_read_json(args.tools, "--tools") if args.tools else None, tool_choice=tool_choice,
+        response_format=response_format,
+    ))
     started = time.perf_counter()
-    generation = engine.generate(prompt, config)
+    generation = prepared.start()
     for delta in generation:
         if args.stream:
             sys.stdout.write(delta)
             sys.stdout.flush()
     result = generation.result
     elapsed = time.perf_counter() - started
-    if not args.stream:
+    output = prepared.finish(result)
+    if output.tool_calls:
+        if args.stream:
+            sys.stdout.write("\n")
+        sys.stdout.write(json.dumps([c.to_openai() for c in output.tool_calls], indent=2))
+    elif not args.stream:
         sys.stdout.write(result.text)
     sys.stdout.write("\n")
     summary = {
-        "finish_reason": result.finish_reason,
+        "finish_reason": output.finish_reason,
         "prompt_tokens": result.prompt_tokens,
         "completion_tokens": result.completion_tokens,
         "tokens_per_s": round(result.completion_tokens / elapsed, 1) if elapsed else 0.0,
@@ -81,7 +113,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--system", default=None)
     gen.add_argument("--model", default="embedded", help='"embedded", a .gguf file or a HF model directory')
     gen.add_argument("--draft", default=None, help="a draft model (.gguf or HF directory) with the same tokenizer")
-    gen.add_argument("--drafters", nargs="+", default=["ngram"], help="drafters in order: ngram, draft")
+    gen.add_argument("--drafters", nargs="+", default=["ngram"],
+                     help="drafters in order: grammar, ngram, draft (grammar is added under a constraint)")
     gen.add_argument("--dtype", default="auto", help="auto (bf16 where the CPU has it), bf16, fp32")
     gen.add_argument("--max-tokens", type=int, default=256)
     gen.add_argument("--max-draft-tokens", type=int, default=8)
@@ -92,6 +125,11 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--stop", action="append", default=[])
     gen.add_argument("--no-speculative", action="store_true", help="target-only decoding")
     gen.add_argument("--stream", action="store_true", help="print text as it is generated")
+    gen.add_argument("--tools", default=None, metavar="FILE", help="OpenAI-style tools, a JSON array")
+    gen.add_argument("--tool-choice", default=None, help="none, auto, required, or a tool's name")
+    gen.add_argument("--json-schema", default=None, metavar="FILE", help="constrain the output to this JSON schema")
+    gen.add_argument("--json-object", action="store_true", help="constrain the output to a JSON object")
+    gen.add_argument("--backend", default="outlines", choices=["outlines", "xgrammar"], help="constraint backend")
     gen.set_defaults(func=_generate)
 
     bench = sub.add_parser("bench", help="benchmark the engine against HF transformers (and llama.cpp)")

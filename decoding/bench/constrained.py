@@ -60,20 +60,32 @@ class ConstrainedRow:
     backend: str
     name: str
     tokens: int = 0
-    seconds: float = 0.0
+    seconds: float = 0.0  # end to end: prompt processing included
+    decode_seconds: float = 0.0  # from the first token to the last
     stats: SpecStats = field(default_factory=SpecStats)
     requests: int = 0
     valid: int = 0  # complete and schema-valid
     identical: int = 0  # greedy output equal to target-only's
     baseline_tokens_per_s: float = 0.0
+    baseline_decode_tokens_per_s: float = 0.0
 
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds if self.seconds else 0.0
 
     @property
+    def decode_tokens_per_s(self) -> float:
+        """Tokens after the first per second of decoding: the speculative loop alone, no prefill."""
+        return (self.tokens - self.requests) / self.decode_seconds if self.decode_seconds else 0.0
+
+    @property
     def speedup(self) -> float:
         return self.tokens_per_s / self.baseline_tokens_per_s if self.baseline_tokens_per_s else 0.0
+
+    @property
+    def decode_speedup(self) -> float:
+        base = self.baseline_decode_tokens_per_s
+        return self.decode_tokens_per_s / base if base else 0.0
 
     @property
     def grammar_us_per_token(self) -> float:
@@ -87,7 +99,9 @@ class ConstrainedRow:
         return {
             "backend": self.backend, "config": self.name, "requests": self.requests, "tokens": self.tokens,
             "seconds": round(self.seconds, 3), "tokens_per_s": round(self.tokens_per_s, 2),
-            "speedup": round(self.speedup, 3), "valid": self.valid, "identical_to_target_only": self.identical,
+            "speedup": round(self.speedup, 3), "decode_tokens_per_s": round(self.decode_tokens_per_s, 2),
+            "decode_speedup": round(self.decode_speedup, 3), "valid": self.valid,
+            "identical_to_target_only": self.identical,
             "grammar_us_per_token": round(self.grammar_us_per_token, 1),
             "grammar_share": round(self.grammar_share, 4), **self.stats.to_dict(),
         }
@@ -119,12 +133,14 @@ class ConstrainedReport:
     failures: list[str]  # "backend config id: reason" for each output that was not complete and valid
 
     def table(self) -> str:
-        head = (f"{'backend':9} {'config':26} {'tok/s':>7} {'speedup':>7} {'valid':>7} {'same':>7} {'accept':>6} "
+        head = (f"{'backend':9} {'config':16} {'tok/s':>7} {'speedup':>7} {'decode':>7} {'speedup':>7} {'valid':>7} "
+                f"{'same':>7} {'accept':>6} "
                 f"{'mean_len':>8} {'mask µs/tok':>11} {'mask share':>10}")
         lines = ["constrained (tool calls and schema outputs)", head, "-" * len(head)]
         for r in self.rows:
             lines.append(
-                f"{r.backend:9} {r.name:26} {r.tokens_per_s:7.1f} {r.speedup:6.2f}x {r.valid:>3}/{r.requests:<3} "
+                f"{r.backend:9} {r.name:16} {r.tokens_per_s:7.1f} {r.speedup:6.2f}x {r.decode_tokens_per_s:7.1f} "
+                f"{r.decode_speedup:6.2f}x {r.valid:>3}/{r.requests:<3} "
                 f"{r.identical:>3}/{r.requests:<3} {r.stats.acceptance_rate:6.2f} "
                 f"{r.stats.mean_acceptance_length:8.2f} "
                 f"{r.grammar_us_per_token:11.0f} {r.grammar_share:9.1%}")
@@ -190,6 +206,7 @@ def run_constrained(target: LoadedModel, draft: LoadedModel | None, quick: bool,
                 row = by_name[name]
                 row.tokens += result.completion_tokens
                 row.seconds += seconds
+                row.decode_seconds += result.decode_s
                 row.stats.merge(result.stats)
                 row.requests += 1
                 outputs[(name, rid)] = result.token_ids
@@ -202,9 +219,10 @@ def run_constrained(target: LoadedModel, draft: LoadedModel | None, quick: bool,
                     failures.append(f"{backend} {name} {rid}: {exc}")
                 if outputs[(name, rid)] == outputs[("target-only", rid)]:
                     row.identical += 1
-        base = by_name["target-only"].tokens_per_s
+        base = by_name["target-only"]
         for row in by_name.values():
-            row.baseline_tokens_per_s = base
+            row.baseline_tokens_per_s = base.tokens_per_s
+            row.baseline_decode_tokens_per_s = base.decode_tokens_per_s
             rows.append(row)
         compile_times.append(measure_compile(target, backend, quick))
     return ConstrainedReport(rows, compile_times, failures)

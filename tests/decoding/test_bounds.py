@@ -20,6 +20,7 @@ SCHEMA = {"type": "object", "properties": {
 def test_only_unbounded_values_get_bounds() -> None:
     props = bound_schema(SCHEMA, Bounds(string_length=40, digits=6), "xgrammar")["properties"]
     assert props["free"]["maxLength"] == 40 and props["tags"]["items"]["maxLength"] == 40
+    assert props["tags"]["maxItems"] == 4
     assert props["maybe"]["maxLength"] == 40
     assert props["short"]["maxLength"] == 3 and "maxLength" not in props["pick"]
     assert props["day"] == {"type": "string", "format": "date"} and props["code"] == SCHEMA["properties"]["code"]

@@ -50,3 +50,26 @@ def test_bench_quick_writes_the_documented_json(tmp_path: Path) -> None:
         assert row["tokens_per_s"] > 0
     ngram = next(r for r in data["configs"] if r["name"] == "engine ngram" and r["category"] == "all")
     assert ngram["acceptance_rate"] is not None and ngram["target_passes_per_token"] < 1.0
+
+
+@pytest.mark.slow
+def test_generate_a_required_tool_call(tmp_path: Path) -> None:
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps([{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+        "required": ["city", "unit"]}}}]))
+    proc = _draftgate("generate", "Weather in Paris, celsius?", "--tools", str(tools), "--tool-choice", "required",
+                      "--backend", "xgrammar", "--max-tokens", "64")
+    assert proc.returncode == 0, proc.stderr
+    [call] = json.loads(proc.stdout)
+    assert call["type"] == "function" and call["function"]["name"] == "get_weather"
+    assert set(json.loads(call["function"]["arguments"])) == {"city", "unit"}
+    assert json.loads(proc.stderr.strip().splitlines()[-1])["finish_reason"] == "tool_calls"
+
+
+def test_an_unknown_named_tool_is_a_clear_error(tmp_path: Path) -> None:
+    tools = tmp_path / "tools.json"
+    tools.write_text(json.dumps([{"type": "function", "function": {"name": "get_weather"}}]))
+    proc = _draftgate("generate", "hi", "--tools", str(tools), "--tool-choice", "send_email")
+    assert proc.returncode == 2
+    assert "tool_not_found" in proc.stderr and "send_email" in proc.stderr and "Traceback" not in proc.stderr
