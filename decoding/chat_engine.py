@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from decoding.chat import render_prompt
@@ -27,6 +28,7 @@ class ConstraintOptions:
     allow_validate_after: bool = False  # generate under what the backend enforces, validate the rest after
     bounds: Bounds | None = None  # limits on unbounded strings and numbers (a small model runs on in them)
     compile_timeout_s: float | None = 60.0  # give up on a schema outlines cannot compile in this time
+    cache_dir: Path | None = None  # outlines' compiled indexes persist here ($DRAFTGATE_CACHE/outlines)
 
 
 @dataclass(frozen=True)
@@ -66,7 +68,7 @@ class ChatEngine:
         with self._lock:
             if name not in self._backends:
                 self._backends[name] = make_backend(name, self.engine.target.tokenizer,
-                                                    self.constraints.compile_timeout_s)
+                                                    self.constraints.compile_timeout_s, self.constraints.cache_dir)
             return self._backends[name]
 
     def prepare(self, request: ChatRequest, constraints: ConstraintOptions | None = None) -> PreparedChat:

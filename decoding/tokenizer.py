@@ -16,7 +16,8 @@ log = logging.getLogger(__name__)
 REPLACEMENT_CHAR = "\ufffd"
 
 
-def _cache_dir() -> Path:
+def cache_root() -> Path:
+    """Where draftgate keeps what it derives once: converted tokenizers, compiled grammars."""
     root = os.environ.get("DRAFTGATE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "draftgate")
     return Path(root)
 
@@ -84,7 +85,7 @@ def load_tokenizer(path: Path, gguf_file: str | None = None) -> Tokenizer:
     gguf_path = path / gguf_file
     stat = gguf_path.stat()
     key = hashlib.sha256(f"{gguf_path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    cached = _cache_dir() / "tokenizers" / key
+    cached = cache_root() / "tokenizers" / key
     if (cached / "tokenizer.json").exists():
         return Tokenizer(AutoTokenizer.from_pretrained(cached, local_files_only=True), str(gguf_path))
     log.info("converting the tokenizer of %s (once; cached in %s)", gguf_path, cached)

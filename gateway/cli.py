@@ -26,6 +26,7 @@ def _generate(args: argparse.Namespace) -> int:
     from decoding.constraints.bounds import Bounds
     from decoding.generate import GenerationConfig
     from decoding.sampling import SamplingParams
+    from decoding.tokenizer import cache_root
 
     drafters = tuple(args.drafters)
     structured = bool(args.tools or args.json_schema or args.json_object)
@@ -50,7 +51,9 @@ def _generate(args: argparse.Namespace) -> int:
         stop=tuple(args.stop),
         speculative=not args.no_speculative,
     )
-    chat = ChatEngine(engine, ConstraintOptions(backend=args.backend, bounds=Bounds() if structured else None))
+    options = ConstraintOptions(backend=args.backend, bounds=Bounds() if structured else None,
+                                cache_dir=cache_root() / "outlines")
+    chat = ChatEngine(engine, options)
     prepared = chat.prepare(ChatRequest(
         messages, config, tools=_read_json(args.tools, "--tools") if args.tools else None, tool_choice=tool_choice,
         response_format=response_format,

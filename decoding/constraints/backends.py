@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Protocol
 
 from decoding.constraints.base import ConstraintError, GrammarFactory
@@ -19,10 +20,13 @@ class Backend(Protocol):
     def compile_json_schema(self, schema: dict[str, Any]) -> GrammarFactory: ...
 
 
-def make_backend(name: str, tokenizer: Tokenizer, compile_timeout_s: float | None = None) -> Backend:
+def make_backend(
+    name: str, tokenizer: Tokenizer, compile_timeout_s: float | None = None, cache_dir: Path | None = None
+) -> Backend:
     """The named backend over `tokenizer`, ending outputs with its end-of-turn token.
 
-    `compile_timeout_s` bounds an outlines compile (xgrammar compiles in milliseconds).
+    `compile_timeout_s` bounds an outlines compile (xgrammar compiles in milliseconds); `cache_dir`
+    keeps outlines' compiled indexes across restarts.
     """
     eos = tokenizer.turn_end_id
     if eos is None:
@@ -30,7 +34,7 @@ def make_backend(name: str, tokenizer: Tokenizer, compile_timeout_s: float | Non
     if name == "outlines":
         from decoding.constraints.outlines_backend import OutlinesBackend
 
-        return OutlinesBackend(tokenizer, eos, compile_timeout_s)
+        return OutlinesBackend(tokenizer, eos, compile_timeout_s, cache_dir)
     if name == "xgrammar":
         from decoding.constraints.xgrammar_backend import XGrammarBackend
 

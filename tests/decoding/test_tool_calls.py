@@ -7,6 +7,7 @@ under it, and the request errors that must come before any token.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -139,3 +140,24 @@ def test_request_errors_come_before_any_token(embedded_tokenizer: Tokenizer) -> 
     with pytest.raises(InvalidRequestError) as stop:
         chat.prepare(ChatRequest(MESSAGES, GenerationConfig(stop=("}",)), tools=TOOLS, tool_choice="required"))
     assert stop.value.param == "stop"
+
+
+def test_outlines_indexes_persist_on_disk(embedded_tokenizer: Tokenizer, tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    from decoding.constraints import outlines_backend
+
+    spec = GrammarSpec(calls_schema=CALLS, free_text=True)
+    make_backend("outlines", embedded_tokenizer, cache_dir=tmp_path).compile(spec)
+    [stored] = list(tmp_path.iterdir())
+    assert stored.suffix == ".index" and stored.stat().st_size > 0
+
+    def no_compiling(*args: object) -> None:
+        raise AssertionError("compiled again despite the cache")
+
+    monkeypatch.setattr(outlines_backend, "build_index", no_compiling)  # the child-process compile path
+    again = make_backend("outlines", embedded_tokenizer, compile_timeout_s=30, cache_dir=tmp_path).compile(spec).new()
+    for token in embedded_tokenizer.encode('<tool_call>[{"name":"f","arguments":{"x":1}}]'):
+        again.accept(token)  # raises if the loaded index does not allow it
+    assert again.allows(embedded_tokenizer.turn_end_id or 0)
+    fresh = make_backend("outlines", embedded_tokenizer, 30, tmp_path).compile(spec).new()
+    assert not fresh.allows(embedded_tokenizer.turn_end_id or 0)  # and still refuses an empty answer
