@@ -1,0 +1,120 @@
+"""Read a policy YAML file into typed settings; every error names the file, the line and the key.
+
+The file is composed into YAML nodes (which keep their line numbers) and walked against the field
+tables of `policies.model`: unknown keys are refused, types are checked, defaults filled in. Later
+sections (keys, budgets, rate limits, loop guards) add tables, not code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import MISSING, fields, is_dataclass
+from importlib import resources
+from pathlib import Path
+from types import UnionType
+from typing import Any, Union, get_args, get_origin, get_type_hints
+
+import yaml
+
+from policies.model import Policy
+
+DEFAULT_POLICY = "default.yaml"
+
+
+class PolicyError(ValueError):
+    """A policy file that cannot be used: where (file:line), which key, and what is wrong."""
+
+    code = "invalid_policy"
+
+    def __init__(self, source: str, line: int | None, key: str, message: str) -> None:
+        where = f"{source}:{line}" if line is not None else source
+        super().__init__(f"{where}: {key or '(top level)'}: {message}")
+        self.source, self.line, self.key = source, line, key
+
+
+def _line(node: yaml.Node) -> int:
+    return node.start_mark.line + 1
+
+
+def _scalar(node: yaml.Node) -> Any:
+    return yaml.safe_load(yaml.serialize(node))
+
+
+class _Walker:
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def fail(self, node: yaml.Node | None, key: str, message: str) -> PolicyError:
+        return PolicyError(self.source, _line(node) if node is not None else None, key, message)
+
+    def value(self, node: yaml.Node, hint: Any, key: str) -> Any:
+        origin = get_origin(hint)
+        if origin in (Union, UnionType):
+            options = [a for a in get_args(hint) if a is not type(None)]
+            if isinstance(node, yaml.ScalarNode) and node.tag.endswith(":null"):
+                return None
+            return self.value(node, options[0], key)
+        if is_dataclass(hint):
+            return self.record(node, hint, key)
+        if origin in (list, tuple):
+            if not isinstance(node, yaml.SequenceNode):
+                raise self.fail(node, key, "must be a list")
+            (item,) = get_args(hint)[:1]
+            items = [self.value(child, item, f"{key}[{i}]") for i, child in enumerate(node.value)]
+            return tuple(items) if origin is tuple else items
+        if not isinstance(node, yaml.ScalarNode):
+            raise self.fail(node, key, f"must be a {hint.__name__}")
+        value = _scalar(node)
+        if hint is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, hint) or (hint is int and isinstance(value, bool)):
+            raise self.fail(node, key, f"must be a {hint.__name__}, got {value!r}")
+        return value
+
+    def record(self, node: yaml.Node, cls: Any, key: str) -> Any:
+        if not isinstance(node, yaml.MappingNode):
+            raise self.fail(node, key, "must be a mapping")
+        hints = get_type_hints(cls)
+        known = {f.name: f for f in fields(cls)}
+        given: dict[str, Any] = {}
+        for key_node, value_node in node.value:
+            name = _scalar(key_node)
+            path = f"{key}.{name}" if key else str(name)
+            if name not in known:
+                raise self.fail(key_node, path, f"unknown key (known here: {', '.join(known)})")
+            if name in given:
+                raise self.fail(key_node, path, "given twice")
+            given[name] = self.value(value_node, hints[name], path)
+        missing = [n for n, f in known.items()
+                   if n not in given and f.default is MISSING and f.default_factory is MISSING]
+        if missing:
+            raise self.fail(node, key, f"missing required key {missing[0]!r}")
+        try:
+            return cls(**given)
+        except ValueError as exc:  # the record's own checks (__post_init__)
+            raise self.fail(node, key, str(exc)) from exc
+
+
+def parse_policy(text: str, source: str) -> Policy:
+    """A policy from YAML text; `source` names it in errors."""
+    try:
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        line = mark.line + 1 if mark is not None else None
+        raise PolicyError(source, line, "", f"not valid YAML: {getattr(exc, 'problem', exc)}") from exc
+    if root is None:
+        raise PolicyError(source, None, "", "the file is empty")
+    policy: Policy = _Walker(source).record(root, Policy, "")
+    return policy
+
+
+def load_policy(path: str | Path | None = None) -> Policy:
+    """The policy at `path`, or the shipped default (`policies/default.yaml`)."""
+    if path is None:
+        text = resources.files("policies").joinpath(DEFAULT_POLICY).read_text(encoding="utf-8")
+        return parse_policy(text, f"policies/{DEFAULT_POLICY}")
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError as exc:
+        raise PolicyError(str(path), None, "", f"cannot read the policy file: {exc.strerror or exc}") from exc
+    return parse_policy(text, str(path))

@@ -1,0 +1,93 @@
+"""The policy file's settings as typed records; the loader checks a file against these fields.
+
+A field with a default is optional; one without is required. `__post_init__` checks values (a
+ValueError there becomes a PolicyError naming the file, line and key).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+BACKENDS = ("outlines", "xgrammar")
+DRAFTERS = ("grammar", "ngram", "draft")
+
+
+@dataclass(frozen=True)
+class Speculative:
+    enabled: bool = True
+    max_draft_tokens: int = 8
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.max_draft_tokens <= 32:
+            raise ValueError(f"max_draft_tokens must be in 1..32, got {self.max_draft_tokens}")
+
+
+@dataclass(frozen=True)
+class BoundsConfig:
+    string_length: int = 64
+    digits: int = 12
+    items: int = 4
+
+
+@dataclass(frozen=True)
+class Constraints:
+    backend: str = "outlines"
+    allow_validate_after: bool = False
+    compile_timeout_s: float = 60.0
+    bounds: BoundsConfig | None = None
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+
+
+@dataclass(frozen=True)
+class LocalRoute:
+    target: str = "embedded"
+    draft: str | None = None
+    drafters: list[str] = field(default_factory=lambda: ["grammar", "ngram"])
+    dtype: str = "auto"
+    speculative: Speculative = field(default_factory=Speculative)
+    constraints: Constraints = field(default_factory=Constraints)
+
+    def __post_init__(self) -> None:
+        unknown = [d for d in self.drafters if d not in DRAFTERS]
+        if unknown:
+            raise ValueError(f"unknown drafter {unknown[0]!r} (known: {', '.join(DRAFTERS)})")
+        if "draft" in self.drafters and self.draft is None:
+            raise ValueError("drafter 'draft' needs a draft model: set 'draft'")
+
+
+@dataclass(frozen=True)
+class UpstreamRoute:
+    litellm_model: str
+    api_base: str | None = None
+    api_key_env: str | None = None
+
+
+@dataclass(frozen=True)
+class Route:
+    model: str
+    local: LocalRoute | None = None
+    upstream: UpstreamRoute | None = None
+
+    def __post_init__(self) -> None:
+        if (self.local is None) == (self.upstream is None):
+            raise ValueError(f"route {self.model!r} needs exactly one of 'local' or 'upstream'")
+
+
+@dataclass(frozen=True)
+class Policy:
+    version: int
+    routes: list[Route]
+
+    def __post_init__(self) -> None:
+        if self.version != 1:
+            raise ValueError(f"unsupported policy version {self.version} (this draftgate reads version 1)")
+        names = [r.model for r in self.routes]
+        duplicate = next((n for n in names if names.count(n) > 1), None)
+        if duplicate is not None:
+            raise ValueError(f"model {duplicate!r} is routed twice")
+
+    def route(self, model: str) -> Route | None:
+        return next((r for r in self.routes if r.model == model), None)

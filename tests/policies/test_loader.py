@@ -1,0 +1,75 @@
+"""Policy files: the shipped default loads; every mistake is named by file, line and key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from policies.loader import PolicyError, load_policy, parse_policy
+
+GOOD = """\
+version: 1
+routes:
+  - model: smollm2-135m
+    local:
+      target: embedded
+      drafters: [grammar, ngram]
+      speculative: {enabled: true, max_draft_tokens: 6}
+      constraints: {backend: xgrammar, compile_timeout_s: 5}
+  - model: remote-model
+    upstream: {litellm_model: openai/some-model, api_base: "http://127.0.0.1:9000/v1", api_key_env: UPSTREAM_KEY}
+"""
+
+
+def test_the_shipped_default_policy_loads() -> None:
+    policy = load_policy()
+    route = policy.route("smollm2-135m")
+    assert route is not None and route.local is not None
+    assert route.local.speculative.enabled and route.local.constraints.backend == "outlines"
+    assert route.local.constraints.bounds is not None
+
+
+def test_a_full_policy_parses_with_types_and_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text(GOOD)
+    policy = load_policy(path)
+    local = policy.routes[0].local
+    assert local is not None and local.speculative.max_draft_tokens == 6 and local.dtype == "auto"
+    assert local.constraints.compile_timeout_s == 5.0 and local.constraints.bounds is None
+    upstream = policy.routes[1].upstream
+    assert upstream is not None and upstream.api_key_env == "UPSTREAM_KEY"
+    assert policy.route("nope") is None
+
+
+@pytest.mark.parametrize(("edit", "line", "key", "message"), [
+    (("max_draft_tokens: 6", "max_draft_tokens: 6, eagerness: 3"), 7, "routes[0].local.speculative.eagerness",
+     "unknown key"),
+    (("max_draft_tokens: 6", "max_draft_tokens: lots"), 7, "routes[0].local.speculative.max_draft_tokens",
+     "must be a int"),
+    (("backend: xgrammar", "backend: regexes"), 8, "routes[0].local.constraints", "backend must be one of"),
+    (("drafters: [grammar, ngram]", "drafters: [grammar, magic]"), 5, "routes[0].local", "unknown drafter"),
+    (("version: 1", "version: 2"), 1, "", "unsupported policy version"),
+    (("  - model: remote-model\n", "  - model: smollm2-135m\n"), 1, "", "routed twice"),
+    (("    upstream: {litellm_model: openai/some-model, ", "    upstream: {"), 10, "routes[1].upstream",
+     "missing required key 'litellm_model'"),
+    (("routes:", "routes: {}\nroutez:"), 2, "routes", "must be a list"),
+])
+def test_mistakes_name_file_line_and_key(tmp_path: Path, edit: tuple[str, str], line: int, key: str,
+                                         message: str) -> None:
+    path = tmp_path / "bad.yaml"
+    assert edit[0] in GOOD
+    path.write_text(GOOD.replace(edit[0], edit[1], 1))
+    with pytest.raises(PolicyError) as err:
+        load_policy(path)
+    assert err.value.source == str(path) and err.value.line == line and err.value.key == key
+    assert message in str(err.value) and f"{path}:{line}" in str(err.value)
+
+
+def test_broken_yaml_and_missing_files(tmp_path: Path) -> None:
+    with pytest.raises(PolicyError, match=r"bad\.yaml:4: \(top level\): not valid YAML"):
+        parse_policy("version: 1\nroutes:\n  - model: [unclosed\n", "bad.yaml")
+    with pytest.raises(PolicyError, match="cannot read"):
+        load_policy(tmp_path / "missing.yaml")
+    with pytest.raises(PolicyError, match="empty"):
+        parse_policy("", "empty.yaml")
