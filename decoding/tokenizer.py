@@ -30,15 +30,9 @@ class Tokenizer:
         self.source = source
         self.vocab_size = len(hf)
         self.bos_token_id: int | None = hf.bos_token_id
-        eos: set[int] = set()
-        for name in ("eos_token", "<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>"):
-            token = hf.eos_token if name == "eos_token" else name
-            if token is None:
-                continue
-            tid = hf.convert_tokens_to_ids(token)
-            if isinstance(tid, int) and tid != hf.unk_token_id and tid >= 0:
-                eos.add(tid)
-        self.eos_token_ids: frozenset[int] = frozenset(eos)
+        names = [hf.eos_token] if hf.eos_token else []
+        found = (self._id(n) for n in [*names, "<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|end|>"])
+        self.eos_token_ids: frozenset[int] = frozenset(t for t in found if t is not None)
         # the token that closes an assistant turn: what a grammar allows once the output is complete
         self.turn_end_id: int | None = next(
             (t for t in (self._id(n) for n in ("<|im_end|>", "<|eot_id|>", "<|end|>")) if t is not None),
