@@ -71,8 +71,8 @@ class ChatEngine:
                                                     self.constraints.compile_timeout_s, self.constraints.cache_dir)
             return self._backends[name]
 
-    def prepare(self, request: ChatRequest, constraints: ConstraintOptions | None = None) -> PreparedChat:
-        options = constraints or self.constraints
+    def prepare(self, request: ChatRequest) -> PreparedChat:
+        options = self.constraints
         tools = parse_tools(request.tools)
         choice = parse_tool_choice(request.tool_choice, tools, request.parallel_tool_calls)
         response_format = parse_response_format(request.response_format)
