@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-BACKENDS = ("outlines", "xgrammar")
-DRAFTERS = ("grammar", "ngram", "draft")
+from decoding.build import DRAFTER_NAMES
+from decoding.constraints.backends import BACKENDS
+from decoding.constraints.bounds import Bounds
 
 
 @dataclass(frozen=True)
@@ -23,18 +24,11 @@ class Speculative:
 
 
 @dataclass(frozen=True)
-class BoundsConfig:
-    string_length: int = 64
-    digits: int = 12
-    items: int = 4
-
-
-@dataclass(frozen=True)
 class Constraints:
     backend: str = "outlines"
     allow_validate_after: bool = False
     compile_timeout_s: float = 60.0
-    bounds: BoundsConfig | None = None
+    bounds: Bounds | None = None
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -51,9 +45,9 @@ class LocalRoute:
     constraints: Constraints = field(default_factory=Constraints)
 
     def __post_init__(self) -> None:
-        unknown = [d for d in self.drafters if d not in DRAFTERS]
+        unknown = [d for d in self.drafters if d not in DRAFTER_NAMES]
         if unknown:
-            raise ValueError(f"unknown drafter {unknown[0]!r} (known: {', '.join(DRAFTERS)})")
+            raise ValueError(f"unknown drafter {unknown[0]!r} (known: {', '.join(DRAFTER_NAMES)})")
         if "draft" in self.drafters and self.draft is None:
             raise ValueError("drafter 'draft' needs a draft model: set 'draft'")
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from decoding.constraints.preflight import LENGTH_KEYS
+
 # bounded patterns for the formats whose values have no natural length; each matches valid values only
 _LABEL = "[a-z0-9](?:[a-z0-9-]{0,30}[a-z0-9])?"
 # RFC 3339 time with at most 6 fraction digits (the backends' own allow any number)
@@ -27,7 +29,6 @@ FORMAT_PATTERNS = {
     "date-time": f"^[0-9]{{4}}-(?:0[1-9]|1[0-2])-(?:0[1-9]|[12][0-9]|3[01])T{_TIME}$",
     "uri": f"^https?://{_LABEL}(?:\\.{_LABEL}){{0,3}}(?:/[A-Za-z0-9._~-]{{1,24}}){{0,6}}$",
 }
-LENGTH_KEYS = frozenset({"minLength", "maxLength"})
 
 
 @dataclass(frozen=True)
