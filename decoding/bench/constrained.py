@@ -22,6 +22,7 @@ from decoding.chat_engine import ChatEngine, ChatRequest, ConstraintOptions, Pre
 from decoding.constraints.backends import BACKENDS, make_backend
 from decoding.constraints.base import CompileTimeoutError, ConstraintError
 from decoding.constraints.bounds import Bounds, bound_schema
+from decoding.constraints.corpus import load_corpus
 from decoding.drafters import CompositeDrafter, Drafter, DraftModelDrafter, GrammarForcedDrafter, NgramDrafter
 from decoding.generate import Engine, GenerationConfig
 from decoding.loading import LoadedModel
@@ -29,11 +30,6 @@ from decoding.stats import SpecStats
 
 BOUNDS = Bounds(string_length=64, digits=12)
 OUTLINES_COMPILE_TIMEOUT_S = 30.0
-
-
-def _corpus() -> list[dict[str, Any]]:
-    text = resources.files("decoding.constraints").joinpath("corpus.json").read_text(encoding="utf-8")
-    return [e for e in json.loads(text)["schemas"] if not e["id"].startswith("unsupported-")]
 
 
 def load_requests(quick: bool, max_new_tokens: int) -> list[tuple[str, ChatRequest]]:
@@ -45,7 +41,7 @@ def load_requests(quick: bool, max_new_tokens: int) -> list[tuple[str, ChatReque
             "tools"][n]}} for n in r["tools"]], tool_choice=r["tool_choice"]))
         for r in data["requests"]
     ]
-    by_id = {e["id"]: e for e in _corpus()}
+    by_id = {e["id"]: e for e in load_corpus()}
     schemas = [
         (f"schema-{i}", ChatRequest([{"role": "user", "content": by_id[i]["prompt"]}], config, response_format={
             "type": "json_schema", "json_schema": {"name": i.replace("-", "_"), "schema": by_id[i]["schema"],
@@ -169,7 +165,7 @@ def measure_compile(target: LoadedModel, backend: str, quick: bool) -> CompileTi
     """Compile every corpus schema (bounded as served) with a fresh backend: no cache hits."""
     times = CompileTimes(backend)
     compiler = make_backend(backend, target.tokenizer, compile_timeout_s=OUTLINES_COMPILE_TIMEOUT_S)
-    entries = _corpus()[:8] if quick else _corpus()
+    entries = load_corpus()[:8] if quick else load_corpus()
     for entry in tqdm(entries, desc=f"compile {backend}", unit="schema"):
         started = time.perf_counter()
         try:

@@ -9,11 +9,11 @@ import pytest
 from decoding.constraints.backends import make_backend
 from decoding.constraints.base import CompileTimeoutError
 from decoding.constraints.bounds import Bounds, bound_schema
+from decoding.constraints.corpus import load_corpus
 from decoding.constraints.preflight import validate_output
 from decoding.drafters import CompositeDrafter, GrammarForcedDrafter, NgramDrafter
 from decoding.generate import Engine, GenerationConfig
 from decoding.loading import LoadedModel
-from tests.decoding.test_preflight import corpus
 
 pytestmark = pytest.mark.slow
 # unbounded strings and numbers are bounded (as a route's `constraints.bounds` does): greedy decoding of
@@ -21,15 +21,11 @@ pytestmark = pytest.mark.slow
 BOUNDS = Bounds(string_length=40, digits=12)
 
 
-def _entries() -> list[dict]:
-    return [e for e in corpus() if not e["id"].startswith("unsupported-")]
-
-
 @pytest.mark.parametrize("backend_name", ["xgrammar", "outlines"])
 def test_corpus_outputs_validate(embedded_model: LoadedModel, backend_name: str) -> None:
     tokenizer = embedded_model.tokenizer
     backend = make_backend(backend_name, tokenizer)
-    entries = _entries()
+    entries = load_corpus()
     assert len(entries) >= 50
     engine = Engine(embedded_model, CompositeDrafter([GrammarForcedDrafter(), NgramDrafter()]))
     compile_s = []
@@ -46,7 +42,7 @@ def test_corpus_outputs_validate(embedded_model: LoadedModel, backend_name: str)
 
 def test_outlines_gives_up_on_an_exploding_schema_by_name(embedded_model: LoadedModel) -> None:
     # unbounded, this schema's email strings take outlines over 90 s (`too_slow_for` in the corpus)
-    slow = next(e for e in corpus() if "outlines" in e.get("too_slow_for", []))
+    slow = next(e for e in load_corpus() if "outlines" in e.get("too_slow_for", []))
     backend = make_backend("outlines", embedded_model.tokenizer, compile_timeout_s=2.0)
     with pytest.raises(CompileTimeoutError, match="xgrammar") as err:
         backend.compile_json_schema(slow["schema"])

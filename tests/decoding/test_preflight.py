@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import json
-from importlib import resources
-
 import pytest
 
 from decoding.constraints.base import ConstraintError, UnsupportedKeywordError
+from decoding.constraints.corpus import load_corpus
 from decoding.constraints.preflight import preflight, unsupported_keywords, validate_output
 
 
 def corpus() -> list[dict]:
-    text = resources.files("decoding.constraints").joinpath("corpus.json").read_text(encoding="utf-8")
-    return json.loads(text)["schemas"]
+    return load_corpus(include_unsupported=True)
 
 
 def test_numeric_bounds_are_refused_by_outlines_and_enforced_by_xgrammar() -> None:
