@@ -18,7 +18,7 @@ from decoding.constraints.bounds import Bounds, bound_schema
 from decoding.constraints.preflight import Unsupported, check_schema, preflight, validate_output
 from decoding.constraints.spec import TOOL_CALL_MARKER, GrammarSpec
 from decoding.errors import InvalidRequestError
-from decoding.tools import Tool, ToolCall, ToolChoice, calls_schema, parse_tool_calls
+from decoding.tools import Tool, ToolCall, ToolChoice, calls_schema, tool_calls_from
 
 SCHEMA_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
@@ -93,10 +93,10 @@ class OutputPlan:
             return ChatOutput(text, finish_reason=finish_reason)
         if self.calls is not None and text.startswith(self.spec.marker):
             try:
-                validate_output(text[len(self.spec.marker):], self.calls)
+                calls = validate_output(text[len(self.spec.marker):], self.calls)
             except ConstraintError as exc:
                 raise OutputValidationError(f"tool call failed validation: {exc}") from exc
-            return ChatOutput(None, parse_tool_calls(text, self.spec.marker) or [], "tool_calls")
+            return ChatOutput(None, tool_calls_from(calls), "tool_calls")
         if self.json_schema is not None:
             try:
                 value = validate_output(text, self.json_schema)

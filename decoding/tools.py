@@ -207,6 +207,11 @@ def parse_tool_calls(text: str, marker: str = TOOL_CALL_MARKER) -> list[ToolCall
         calls = json.loads(text[len(marker):])
     except json.JSONDecodeError as exc:
         raise ConstraintError(f"tool call output is not JSON: {exc}") from exc
+    return tool_calls_from(calls)
+
+
+def tool_calls_from(calls: Any) -> list[ToolCall]:
+    """OpenAI tool calls, each with a fresh id, from the parsed call array."""
     if not isinstance(calls, list):
         raise ConstraintError("tool call output is not a JSON array of calls")
     out = []
