@@ -90,10 +90,10 @@ def normalize_messages(messages: Any, tools: list[Tool], choice: ToolChoice) -> 
                                                                               f"{where}.content")},
                                 ensure_ascii=False)
             block = f"<tool_response>\n{result}\n</tool_response>"
-            if turns and turns[-1].get("tool") == "1":  # consecutive results share one turn
+            if i > 0 and messages[i - 1].get("role") == "tool":  # consecutive results share one turn
                 turns[-1]["content"] += "\n" + block
             else:
-                turns.append({"role": "user", "content": block, "tool": "1"})
+                turns.append({"role": "user", "content": block})
         else:
             turns.append({"role": "system" if role == "developer" else role,
                           "content": _text(message.get("content"), f"{where}.content")})
@@ -103,7 +103,7 @@ def normalize_messages(messages: Any, tools: list[Tool], choice: ToolChoice) -> 
             turns[0]["content"] += "\n\n" + described
         else:
             turns.insert(0, {"role": "system", "content": described})
-    return [{"role": t["role"], "content": t["content"]} for t in turns]
+    return turns
 
 
 def render_prompt(tokenizer: Tokenizer, messages: Any, tools: list[Tool], choice: ToolChoice) -> list[int]:
