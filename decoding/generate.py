@@ -206,8 +206,11 @@ class Engine:
         grammar = TimedGrammar(config.grammar.new()) if config.grammar is not None else None
         try:
             tokens = list(prompt)
-            logits = model(torch.tensor(tokens), 0, last_only=True)  # [1, V] prefill
+            reader = drafter if drafter is not None and drafter.uses_features else None  # reads target features
+            logits, hidden = model.forward_hidden(torch.tensor(tokens), 0, last_only=True)  # [1, V], [P, D]
             stats.target_passes += 1
+            if reader is not None:
+                reader.observe_features(0, hidden)
             token = next_token(logits[-1], params, gen, grammar.allowed_mask() if grammar else None)
             if grammar is not None:
                 grammar.accept(token)
@@ -227,7 +230,7 @@ class Engine:
                         stats.paused_steps += 1
                 k = len(proposal)
                 inp = torch.tensor([token, *proposal.tokens])  # [k + 1]
-                logits = model(inp, pos)  # [k + 1, V]
+                logits, hidden = model.forward_hidden(inp, pos)  # [k + 1, V], [k + 1, D]
                 stats.target_passes += 1
                 masks = grammar_masks(grammar, proposal.tokens) if grammar is not None else None  # [k + 1, V]
                 if k == 0:
@@ -244,6 +247,8 @@ class Engine:
                     drafter.observe(k, verdict.num_accepted)
                     controller.observe(k, verdict.num_accepted, proposal.model_drafted)
                     stats.record(proposal.sources, verdict.num_accepted)
+                if reader is not None:  # positions whose inputs were kept: the last token, the accepted drafts
+                    reader.observe_features(pos, hidden[: len(emitted)])
                 if grammar is not None:
                     for t in emitted:
                         grammar.accept(t)

@@ -211,7 +211,15 @@ class Transformer(nn.Module):
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, start: int, last_only: bool = False) -> torch.Tensor:
-        # tokens: (T,) int64 at positions [start, start + T)
+        # tokens: (T,) int64 at positions [start, start + T) -> logits (T, V), or (1, V) with last_only
+        return self.forward_hidden(tokens, start, last_only)[0]
+
+    @torch.inference_mode()
+    def forward_hidden(
+        self, tokens: torch.Tensor, start: int, last_only: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits as `forward`, and the final normed hidden state (T, D) in float32 of every position:
+        the features a draft head (decoding/draft_head.py) reads."""
         t = tokens.shape[0]
         end = start + t
         if end > self.max_seq_len:
@@ -226,12 +234,12 @@ class Transformer(nn.Module):
         x = self.tok_embeddings(tokens).unsqueeze(0).to(self.residual_dtype)  # (1, T, D) residual stream
         for layer in self.blocks:
             x = layer(x, cos, sin, start, mask)
-        x = x[:, -1:] if last_only else x
-        h = self.norm(x, out_dtype=self.residual_dtype)[0]  # (T, D) final hidden state, float32
-        logits = self.output(h.to(self.dtype))  # (T, V)
-        if self.dtype in (torch.float32, torch.float64):
-            return logits
-        return self.refine_top_logits(h, logits.to(h.dtype)).float()
+        hidden = self.norm(x, out_dtype=self.residual_dtype)[0]  # (T, D) final hidden state, float32
+        h = hidden[-1:] if last_only else hidden  # (T or 1, D)
+        logits = self.output(h.to(self.dtype))  # (T or 1, V)
+        if self.dtype not in (torch.float32, torch.float64):
+            logits = self.refine_top_logits(h, logits.to(h.dtype)).float()
+        return logits, hidden
 
     def refine_top_logits(self, h: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         """Recompute in float32 the logits near each row's maximum.

@@ -53,6 +53,14 @@ class Drafter(ABC):
         """Make room for sequences of up to `max_seq_len` tokens."""
 
     @property
+    def uses_features(self) -> bool:
+        """True when the drafter reads the target's final hidden states (see `observe_features`)."""
+        return False
+
+    def observe_features(self, start: int, features: torch.Tensor) -> None:  # noqa: B027 - optional hook
+        """The target's final hidden states (T, D) of the verified positions [start, start + T)."""
+
+    @property
     def cost_per_token(self) -> float:
         """What proposing one token costs, in target decode steps (0 for a free drafter)."""
         return 0.0

@@ -33,6 +33,15 @@ class CompositeDrafter(Drafter):
     def cost_per_token(self) -> float:
         return max(d.cost_per_token for d in self.drafters)
 
+    @property
+    def uses_features(self) -> bool:
+        return any(d.uses_features for d in self.drafters)
+
+    def observe_features(self, start: int, features: torch.Tensor) -> None:
+        for d in self.drafters:
+            if d.uses_features:
+                d.observe_features(start, features)
+
     def propose(
         self,
         context: list[int],

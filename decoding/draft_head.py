@@ -1,0 +1,225 @@
+"""A draft head: a small decoder that drafts for one target, sharing its embeddings and LM head.
+
+Two designs, one module (`draftgate distill` trains either; the model card says which won):
+- "eagle" (after EAGLE, Li et al. 2024): each position reads the target's final hidden state f_i and
+  the embedding of the token that followed, x_{i+1}, and predicts f_{i+1} and so the token after.
+  Beyond the last verified position it reads its own predicted features.
+- "tokens": an independent small causal LM that reads token embeddings only.
+
+Either way the draft computes logits over a fixed subset of the vocabulary (the tokens the target
+emits most), so its LM head is a few MB instead of the target's 28 M multiply-adds per row; the q it
+samples from is zero elsewhere, which rejection sampling handles like any other q. Only the head's own
+weights are stored; the embeddings and LM-head rows come from the target at load time.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from decoding.errors import ModelLoadError, TokenizerMismatchError
+from decoding.model import Block, KVCache, ModelArgs, RMSNorm, rope_tables
+from decoding.packing import pack_linears
+
+DESIGNS = ("eagle", "tokens")
+FORMAT = "draftgate-draft-head/1"
+
+
+@dataclass(frozen=True)
+class HeadConfig:
+    design: str
+    target_vocab_size: int
+    dim: int
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    intermediate_size: int
+    norm_eps: float = 1e-5
+    rope_base: float = 10000.0
+    max_seq_len: int = 8192
+
+    def __post_init__(self) -> None:
+        if self.design not in DESIGNS:
+            raise ModelLoadError(f"unknown draft head design {self.design!r} (known: {', '.join(DESIGNS)})")
+
+    @property
+    def block_args(self) -> ModelArgs:
+        return ModelArgs(
+            vocab_size=self.target_vocab_size, dim=self.dim, n_layers=self.n_layers, n_heads=self.n_heads,
+            n_kv_heads=self.n_kv_heads, intermediate_size=self.intermediate_size, norm_eps=self.norm_eps,
+            rope_base=self.rope_base, max_seq_len=self.max_seq_len,
+        )
+
+    @classmethod
+    def for_target(cls, target: ModelArgs, design: str, n_layers: int = 1) -> HeadConfig:
+        """Layers shaped like the target's, so its features need no projection."""
+        return cls(
+            design=design, target_vocab_size=target.vocab_size, dim=target.dim, n_layers=n_layers,
+            n_heads=target.n_heads, n_kv_heads=target.n_kv_heads, intermediate_size=target.intermediate_size,
+            norm_eps=target.norm_eps, rope_base=target.rope_base, max_seq_len=target.max_seq_len,
+        )
+
+
+class DraftHead(nn.Module):
+    """fc(token embedding [, feature]) -> decoder blocks -> norm -> predicted feature -> subset logits."""
+
+    vocab: torch.Tensor
+    rope_cos: torch.Tensor
+    rope_sin: torch.Tensor
+
+    def __init__(self, config: HeadConfig, vocab: torch.Tensor) -> None:
+        super().__init__()
+        self.config = config
+        fc_in = 2 * config.dim if config.design == "eagle" else config.dim
+        self.fc = nn.Linear(fc_in, config.dim, bias=False)
+        self.layers = nn.ModuleList(Block(config.block_args) for _ in range(config.n_layers))
+        self.norm = RMSNorm(config.dim, config.norm_eps)
+        self.register_buffer("vocab", vocab.to(torch.int64).clone())  # (Vd,) target ids the draft can emit
+        self.register_buffer("rope_cos", torch.empty(0), persistent=False)
+        self.register_buffer("rope_sin", torch.empty(0), persistent=False)
+        # shared with the target at attach(): not parameters of the head, never saved
+        self.embeddings: torch.Tensor = torch.empty(0)  # (V, D)
+        self.lm_head: nn.Module | None = None  # D -> Vd
+        self.max_seq_len = 0
+
+    @property
+    def uses_features(self) -> bool:
+        return self.config.design == "eagle"
+
+    @property
+    def blocks(self) -> list[Block]:
+        return [layer for layer in self.layers if isinstance(layer, Block)]
+
+    def head_state(self) -> dict[str, torch.Tensor]:
+        """The head's own weights (what a draft file holds)."""
+        return {k: v for k, v in self.state_dict().items() if not k.startswith("lm_head.")}
+
+    def attach(self, target_embeddings: torch.Tensor, target_lm_head: torch.Tensor) -> None:
+        """Share the target's embeddings (V, D) and take the rows of its LM head (V, D) for `vocab`."""
+        if target_embeddings.shape[0] != self.config.target_vocab_size:
+            raise ModelLoadError(
+                f"draft head built for a vocabulary of {self.config.target_vocab_size}, "
+                f"target has {target_embeddings.shape[0]}"
+            )
+        if target_embeddings.shape[1] != self.config.dim:
+            raise ModelLoadError(f"draft head width {self.config.dim} != target width {target_embeddings.shape[1]}")
+        self.embeddings = target_embeddings
+        head = nn.Linear(self.config.dim, len(self.vocab), bias=False)
+        head.weight = nn.Parameter(target_lm_head[self.vocab].detach().clone(), requires_grad=False)
+        self.lm_head = head
+
+    def prepare_inference(self, dtype: torch.dtype) -> DraftHead:
+        """Cast for decoding and pack the linear layers (as the target's)."""
+        self.to(dtype).eval().requires_grad_(False)
+        pack_linears(self)
+        return self
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.fc.weight.dtype
+
+    def setup_cache(self, max_seq_len: int) -> None:
+        max_seq_len = min(max_seq_len, self.config.max_seq_len)
+        if max_seq_len <= self.max_seq_len:
+            return
+        self.max_seq_len = max_seq_len
+        c = self.config
+        for block in self.blocks:
+            block.attention.kv_cache = KVCache(c.n_kv_heads, max_seq_len, c.dim // c.n_heads, torch.float32)
+        cos, sin = rope_tables(c.block_args, torch.float32)
+        self.rope_cos, self.rope_sin = cos[:max_seq_len], sin[:max_seq_len]
+
+    def inputs(self, tokens: torch.Tensor, features: torch.Tensor | None) -> torch.Tensor:
+        # tokens: (T,) the token after each position; features: (T, D) the target's (eagle) -> (T, D)
+        emb = self.embeddings[tokens].to(self.dtype)
+        if self.uses_features:
+            assert features is not None, "an eagle head needs the target's features"
+            emb = torch.cat([emb, features.to(self.dtype)], dim=-1)  # (T, 2D)
+        return self.fc(emb)
+
+    @torch.inference_mode()
+    def step(
+        self, tokens: torch.Tensor, features: torch.Tensor | None, start: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Positions [start, start + T) through the cache -> (predicted features (T, D) float32, subset
+        logits (T, Vd) float32) for the token after the next."""
+        assert self.lm_head is not None, "attach() the target first"
+        t = tokens.shape[0]
+        end = start + t
+        if end > self.max_seq_len:
+            raise ValueError(f"sequence of {end} positions exceeds the draft cache of {self.max_seq_len}")
+        cos, sin = self.rope_cos[start:end], self.rope_sin[start:end]
+        mask = None
+        if t > 1:
+            mask = torch.arange(end).unsqueeze(0) <= torch.arange(start, end).unsqueeze(1)  # (T, end)
+        x = self.inputs(tokens, features).unsqueeze(0).float()  # (1, T, D) residual stream
+        for block in self.blocks:
+            x = block(x, cos, sin, start, mask)
+        predicted = self.norm(x, out_dtype=torch.float32)[0]  # (T, D)
+        logits = self.lm_head(predicted.to(self.dtype)).float()  # (T, Vd)
+        return predicted, logits
+
+
+def save_head(head: DraftHead, path: Path, target_fingerprint: str, card: dict[str, Any]) -> None:
+    """Write the head's own weights in bf16 with its config, vocabulary and target in the metadata."""
+    from safetensors.torch import save_file
+
+    state = {k: (v.to(torch.bfloat16) if v.is_floating_point() else v).contiguous()
+             for k, v in head.head_state().items()}
+    metadata = {
+        "format": FORMAT,
+        "config": json.dumps(asdict(head.config)),
+        "target_tokenizer": target_fingerprint,
+        "card": json.dumps(card),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    save_file(state, str(path), metadata=metadata)
+
+
+def is_head_file(path: str | Path) -> bool:
+    return str(path).endswith(".safetensors") and Path(path).is_file() and read_metadata(Path(path)) is not None
+
+
+def read_metadata(path: Path) -> dict[str, str] | None:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+    except Exception:  # not a safetensors file at all
+        return None
+    return meta if meta.get("format") == FORMAT else None
+
+
+def load_head(path: Path, target_embeddings: torch.Tensor, target_lm_head: torch.Tensor,
+              target_fingerprint: str) -> DraftHead:
+    """Load a draft head for a target; a head trained for another tokenizer is refused by name."""
+    from safetensors.torch import load_file
+
+    meta = read_metadata(path)
+    if meta is None:
+        raise ModelLoadError(f"{path}: not a draftgate draft head (no '{FORMAT}' metadata)")
+    if meta.get("target_tokenizer") != target_fingerprint:
+        raise TokenizerMismatchError(
+            f"{path}: this draft head was trained for a target with another tokenizer; "
+            "speculative decoding needs a draft with the target's vocabulary"
+        )
+    config = HeadConfig(**json.loads(meta["config"]))
+    state = load_file(str(path))
+    head = DraftHead(config, state["vocab"])
+    missing, unexpected = head.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ModelLoadError(f"{path}: weights do not fit the head: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    head.attach(target_embeddings, target_lm_head)
+    return head
+
+
+def card_of(path: Path) -> dict[str, Any]:
+    meta = read_metadata(path) or {}
+    card: dict[str, Any] = json.loads(meta.get("card", "{}"))
+    return card

@@ -1,0 +1,120 @@
+"""Draft with a `DraftHead`: positions whose target features are known run once, in one pass; beyond
+them the head chains its own predicted features, one position per step.
+
+The head's cache position i holds the pair (feature of position i, token i + 1). Pairs built from
+verified features are kept; pairs built from predicted features (drafts, or tokens another drafter
+proposed) are rewritten once the target has verified them — the static cache rolls back for free.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from decoding.adaptive import DraftLength
+from decoding.constraints.base import Grammar
+from decoding.draft_head import DraftHead
+from decoding.drafters.base import Drafter, Proposal
+from decoding.drafters.draft_model import common_prefix_length
+from decoding.sampling import SamplingParams, processed_probs
+
+
+class HeadDrafter(Drafter):
+    name = "draft"
+
+    def __init__(self, head: DraftHead, max_tokens: int = 8, cost_per_token: float = 0.05) -> None:
+        self.head = head
+        self.max_tokens = max_tokens
+        self._cost = cost_per_token
+        vocab_size = head.config.target_vocab_size
+        self._in_vocab = torch.zeros(vocab_size, dtype=torch.bool)  # [V] tokens the head can emit
+        self._in_vocab[head.vocab] = True
+        self._features = torch.zeros(0, head.config.dim)  # [S, D] the target's, by position
+        self.reset()
+
+    @property
+    def uses_features(self) -> bool:
+        return self.head.uses_features
+
+    @property
+    def cost_per_token(self) -> float:
+        return self._cost
+
+    def reset(self) -> None:
+        self._tokens: list[int] = []  # the context the head's verified pairs were built from
+        self._committed = 0  # pairs [0, committed) were built from verified features
+        self._known = 0  # target features known for positions [0, known)
+        self.length = DraftLength(self.max_tokens, self.max_tokens)
+
+    def prepare(self, max_seq_len: int) -> None:
+        self.head.setup_cache(max_seq_len)
+        if self._features.shape[0] < max_seq_len:
+            self._features = torch.zeros(max_seq_len, self.head.config.dim)
+
+    def observe_features(self, start: int, features: torch.Tensor) -> None:
+        # features: (T, D) the target's final hidden states at positions [start, start + T)
+        self._features[start : start + features.shape[0]] = features
+        self._known = start + features.shape[0]
+
+    def _pair_features(self, start: int, end: int) -> torch.Tensor | None:
+        return self._features[start:end] if self.uses_features else None
+
+    def propose(
+        self,
+        context: list[int],
+        max_tokens: int,
+        params: SamplingParams,
+        generator: torch.Generator,
+        grammar: Grammar | None = None,
+    ) -> Proposal:
+        k = min(max_tokens, self.length.value)
+        last = len(context) - 1  # pairs 0 .. last - 1 precede the first draft
+        verified = min(self._known, last) if self.uses_features else last
+        if k <= 0 or verified < 1:
+            return Proposal()
+        keep = min(common_prefix_length(self._tokens, context, self._committed) - 1, self._committed)
+        keep = max(0, min(keep, verified))
+        ctx = torch.tensor(context)
+        feature, logits = None, None
+        if verified > keep:  # pairs with the target's own features, in one pass
+            out, lg = self.head.step(ctx[keep + 1 : verified + 1], self._pair_features(keep, verified), keep)
+            feature, logits = out[-1:], lg[-1]
+        self._tokens, self._committed = list(context[: verified + 1]), verified
+        # pairs past the verified features (tokens other drafters proposed), then the drafts themselves
+        pos = verified
+        if feature is None:  # nothing new was verified: recompute the last verified pair
+            pos = verified - 1
+            out, lg = self.head.step(ctx[pos + 1 : pos + 2], self._pair_features(pos, pos + 1), pos)
+            feature, logits, pos = out, lg[-1], verified
+        while pos < last:
+            out, lg = self.head.step(ctx[pos + 1 : pos + 2], feature, pos)
+            feature, logits, pos = out, lg[-1], pos + 1
+        tokens: list[int] = []
+        rows: list[torch.Tensor] = []
+        for i in range(k):
+            assert logits is not None and feature is not None
+            full = torch.full((self.head.config.target_vocab_size,), float("-inf"))  # [V]
+            full[self.head.vocab] = logits
+            allowed = grammar.allowed_mask() if grammar is not None else None  # [V]
+            if allowed is not None:
+                if not bool((allowed & self._in_vocab).any()):
+                    break  # the grammar wants a token the head cannot emit
+                full = full.masked_fill(~allowed, float("-inf"))
+            if params.greedy:
+                token = int(full.argmax().item())
+            else:
+                q = processed_probs(full.unsqueeze(0), params, None)[0]  # [V]
+                token = int(torch.multinomial(q, 1, generator=generator).item())
+                rows.append(q)
+            tokens.append(token)
+            if grammar is not None:
+                grammar.accept(token)
+            if i + 1 < k:
+                out, lg = self.head.step(torch.tensor([token]), feature, last + i)
+                feature, logits = out, lg[-1]
+        if grammar is not None:
+            grammar.rollback(len(tokens))
+        probs = torch.stack(rows) if rows else None  # [k, V]
+        return Proposal(tokens=tokens, probs=probs, sources=[self.name] * len(tokens), model_drafted=len(tokens))
+
+    def observe(self, num_proposed: int, num_accepted: int) -> None:
+        self.length.update(num_proposed, num_accepted)
