@@ -1,4 +1,4 @@
-"""The `draftgate` command: generate, bench."""
+"""The `draftgate` command: generate, bench, distill."""
 
 from __future__ import annotations
 
@@ -28,11 +28,9 @@ def _generate(args: argparse.Namespace) -> int:
     from decoding.sampling import SamplingParams
     from decoding.tokenizer import cache_root
 
-    drafters = tuple(args.drafters)
+    drafters = tuple(args.drafters) if args.drafters else None
     structured = bool(args.tools or args.json_schema or args.json_object)
-    if structured and "grammar" not in drafters:
-        drafters = ("grammar", *drafters)
-    engine = build_engine(args.model, drafters, args.draft, args.dtype, args.max_draft_tokens)
+    engine = build_engine(args.model, drafters, args.draft, args.dtype, args.max_draft_tokens, with_grammar=structured)
     messages = [{"role": "user", "content": args.prompt}]
     if args.system:
         messages.insert(0, {"role": "system", "content": args.system})
@@ -96,6 +94,7 @@ def _bench(args: argparse.Namespace) -> int:
         include_hf=not args.no_hf,
         dtype=args.dtype,
         draft=args.draft,
+        no_draft=args.no_draft,
     )
     report = run_bench(options)
     print(report.table())
@@ -103,6 +102,28 @@ def _bench(args: argparse.Namespace) -> int:
         with open(args.json, "w") as f:
             json.dump(report.to_dict(), f, indent=2)
         print(f"wrote {args.json}")
+    return 0
+
+
+def _distill(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from decoding.distill.data import DataConfig
+    from decoding.distill.run import distill
+    from decoding.distill.train import TrainConfig
+    from decoding.loading import load_model
+
+    target = load_model(args.model, args.dtype)
+    data = DataConfig(seed=args.seed, stage_one=args.stage_one, stage_two=args.stage_two,
+                      max_new_tokens=args.max_new_tokens)
+    config = TrainConfig(design=args.design, n_layers=args.layers, steps=args.steps if args.design == "eagle" else 1,
+                         vocab_size=args.vocab_size, lr=args.lr, epochs=args.epochs, minutes=args.minutes,
+                         seed=args.seed)
+    out = Path(args.out or f"draft-{target.name}-{args.design}.safetensors")
+    card = distill(target, out, data, config, resume=args.resume, data_file=Path(args.data) if args.data else None)
+    print(json.dumps({"held_out": card["held_out"]["all"], "cost": card["cost"],
+                      "updates": card["training"]["updates"], "train_wall_s": card["training"]["train_wall_s"]}))
+    print(f"wrote {out} (use it with --draft {out})")
     return 0
 
 
@@ -115,9 +136,12 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("prompt")
     gen.add_argument("--system", default=None)
     gen.add_argument("--model", default="embedded", help='"embedded", a .gguf file or a HF model directory')
-    gen.add_argument("--draft", default=None, help="a draft model (.gguf or HF directory) with the same tokenizer")
-    gen.add_argument("--drafters", nargs="+", default=["ngram"],
-                     help="drafters in order: grammar, ngram, draft (grammar is added under a constraint)")
+    gen.add_argument("--draft", default=None,
+                     help="a draft head (.safetensors from `draftgate distill`) or a draft model (.gguf or HF "
+                          "directory) with the same tokenizer; default: the draft shipped for the target")
+    gen.add_argument("--drafters", nargs="+", default=None,
+                     help="drafters in order: grammar, ngram, draft (default: ngram draft; grammar is added "
+                          "under a constraint)")
     gen.add_argument("--dtype", default="auto", help="auto (bf16 where the CPU has it), bf16, fp32")
     gen.add_argument("--max-tokens", type=int, default=256)
     gen.add_argument("--max-draft-tokens", type=int, default=8)
@@ -142,9 +166,31 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--category", action="append", default=None, help="only these categories")
     bench.add_argument("--temperature", type=float, default=0.0)
     bench.add_argument("--dtype", default="auto")
-    bench.add_argument("--draft", default=None, help="a draft model to add draft-model rows")
+    bench.add_argument("--draft", default=None,
+                       help="the draft for the draft rows: a draft head or a draft model (default: the shipped one)")
+    bench.add_argument("--no-draft", action="store_true", help="no draft rows")
     bench.add_argument("--no-hf", action="store_true", help="skip the HF transformers baselines")
     bench.set_defaults(func=_bench)
+
+    dist = sub.add_parser("distill", help="train a draft head for a target from the target's own generations")
+    dist.add_argument("--model", default="embedded", help="the target to distill")
+    dist.add_argument("--out", default=None, help="the draft head file to write (.safetensors)")
+    dist.add_argument("--design", default="eagle", choices=["eagle", "tokens"],
+                      help="eagle: reads the target's hidden states; tokens: an independent small LM")
+    dist.add_argument("--layers", type=int, default=1, help="decoder layers in the head")
+    dist.add_argument("--steps", type=int, default=3, help="unrolled draft steps per training sequence (eagle)")
+    dist.add_argument("--vocab-size", type=int, default=8192, help="tokens the head can emit")
+    dist.add_argument("--epochs", type=float, default=8.0)
+    dist.add_argument("--minutes", type=float, default=60.0, help="wall-time limit of the training")
+    dist.add_argument("--lr", type=float, default=1e-3)
+    dist.add_argument("--seed", type=int, default=0)
+    dist.add_argument("--stage-one", type=int, default=320, help="prompts the target answers first")
+    dist.add_argument("--stage-two", type=int, default=320, help="prompts built on those answers")
+    dist.add_argument("--max-new-tokens", type=int, default=160, help="tokens the target generates per prompt")
+    dist.add_argument("--data", default=None, metavar="FILE", help="the data set file (default: in the cache)")
+    dist.add_argument("--resume", action="store_true", help="continue from this configuration's checkpoint")
+    dist.add_argument("--dtype", default="auto")
+    dist.set_defaults(func=_distill)
     return parser
 
 

@@ -1,0 +1,205 @@
+"""Train a draft head on distillation data: soft cross-entropy to the target's top-K distribution (over
+the head's vocabulary) plus, for eagle heads, regression of the target's next feature, at every unrolled
+step (see unroll.py). AdamW, warmup then cosine decay, a fixed seed, checkpoints it resumes from."""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from decoding.distill.data import Sequence
+from decoding.distill.unroll import unrolled
+from decoding.draft_head import DraftHead, HeadConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    design: str = "eagle"
+    n_layers: int = 1
+    steps: int = 3  # unrolled steps per sequence (1 for a tokens head)
+    vocab_size: int = 8192  # the head's output vocabulary (most emitted target tokens)
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.05
+    warmup: int = 40
+    weight_decay: float = 0.01
+    tokens_per_update: int = 4096  # sequences are accumulated up to this many tokens per optimiser step
+    feature_weight: float = 0.2
+    step_decay: float = 0.8  # loss weight of step u: decay ** u
+    epochs: float = 8.0
+    minutes: float = 60.0  # wall-time limit of this run (the schedule assumes `epochs`)
+    seed: int = 0
+    eval_share: float = 0.06
+    checkpoint_every_s: float = 300.0
+
+
+@dataclass
+class TrainState:
+    update: int = 0
+    total_updates: int = 0
+    elapsed_s: float = 0.0
+    history: list[dict[str, float]] = field(default_factory=list)
+
+
+def split(sequences: list[Sequence], share: float, seed: int) -> tuple[list[Sequence], list[Sequence]]:
+    """(train, held out): a seeded share of sequences held out for evaluation."""
+    order = list(range(len(sequences)))
+    random.Random(seed).shuffle(order)
+    cut = max(1, int(len(order) * share))
+    held = sorted(order[:cut])
+    held_set = set(held)
+    return [s for i, s in enumerate(sequences) if i not in held_set], [sequences[i] for i in held]
+
+
+def vocab_index(head: DraftHead) -> torch.Tensor:
+    """(V,) int64: each target id's row in the head's output, -1 where the head cannot emit it."""
+    index = torch.full((head.config.target_vocab_size,), -1, dtype=torch.int64)
+    index[head.vocab] = torch.arange(len(head.vocab))
+    return index
+
+
+def sequence_loss(head: DraftHead, seq: Sequence, config: TrainConfig, index: torch.Tensor,
+                  ) -> tuple[torch.Tensor, dict[str, float]]:
+    """The weighted loss over steps of one sequence, and per-step top-1 agreement with the target."""
+    assert seq.features is not None and seq.top_ids is not None and seq.top_probs is not None
+    assert head.lm_head is not None
+    p = seq.prompt_len
+    features = seq.features.float()  # (T, D)
+    outputs = unrolled(head, seq.tokens, features if head.uses_features else None, config.steps)
+    total = torch.zeros(())
+    weight_sum = 0.0
+    metrics: dict[str, float] = {}
+    n = seq.tokens.shape[0] - 1
+    for u, predicted in enumerate(outputs):
+        first = max(p - 2 + u, u)  # pairs whose chain starts after the prompt
+        if first >= n:
+            continue
+        rows = predicted[first:]  # (N, D) pairs first .. n-1 predict the target at positions first+1 ..
+        top_ids = seq.top_ids[first + 1 - (p - 1) :].long()  # (N, K)
+        top_probs = seq.top_probs[first + 1 - (p - 1) :].float()  # (N, K)
+        logq = F.log_softmax(head.lm_head(rows), dim=-1)  # (N, Vd)
+        sub = index[top_ids]  # (N, K) rows in the head's vocabulary, -1 outside
+        target = top_probs * (sub >= 0)
+        target = target / target.sum(-1, keepdim=True).clamp_min(1e-6)
+        ce = -(target * logq.gather(1, sub.clamp_min(0))).sum(-1).mean()
+        loss = ce
+        if head.uses_features:
+            loss = loss + config.feature_weight * F.smooth_l1_loss(rows, features[first + 1 :])
+        w = config.step_decay**u
+        total = total + w * loss
+        weight_sum += w
+        with torch.no_grad():
+            agree = head.vocab[logq.argmax(-1)] == top_ids[:, 0]
+            metrics[f"ce{u}"] = float(ce)
+            metrics[f"acc{u}"] = float(agree.float().mean())
+    return total / max(weight_sum, 1e-9), metrics
+
+
+def new_head(target_args: Any, config: TrainConfig, vocab: torch.Tensor, seed: int) -> DraftHead:
+    torch.manual_seed(seed)
+    head_config = HeadConfig.for_target(target_args, config.design, config.n_layers)
+    return DraftHead(head_config, vocab)
+
+
+def _lr(config: TrainConfig, update: int, total: int) -> float:
+    if update < config.warmup:
+        return config.lr * (update + 1) / config.warmup
+    progress = min(1.0, (update - config.warmup) / max(1, total - config.warmup))
+    return config.lr * (config.min_lr_ratio + (1 - config.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def _batches(sequences: list[Sequence], tokens_per_update: int, rng: random.Random) -> list[list[Sequence]]:
+    order = list(sequences)
+    rng.shuffle(order)
+    batches: list[list[Sequence]] = [[]]
+    size = 0
+    for s in order:
+        if size >= tokens_per_update:
+            batches.append([])
+            size = 0
+        batches[-1].append(s)
+        size += len(s.tokens)
+    return [b for b in batches if b]
+
+
+def save_checkpoint(path: Path, head: DraftHead, optimizer: torch.optim.Optimizer, state: TrainState,
+                    config: TrainConfig) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save({"head": head.head_state(), "optimizer": optimizer.state_dict(), "state": asdict(state),
+                "config": asdict(config), "rng": torch.get_rng_state()}, tmp)
+    tmp.replace(path)
+
+
+def train(head: DraftHead, sequences: list[Sequence], config: TrainConfig, checkpoint: Path | None = None,
+          resume: bool = False, progress: bool = True, stop_after: int | None = None) -> TrainState:
+    """Train `head` (attached to the target, float32) in place; returns the final state. `stop_after`
+    ends this call after that many updates (the schedule is unchanged, so a resume continues it)."""
+    assert head.lm_head is not None, "attach() the target first"
+    head.train()
+    head.setup_cache(max(len(s.tokens) for s in sequences))
+    params = [p for name, p in head.named_parameters() if not name.startswith("lm_head.")]
+    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95))
+    state = TrainState()
+    if resume and checkpoint is not None and checkpoint.is_file():
+        saved = torch.load(checkpoint, weights_only=False)
+        if saved["config"] != asdict(config):
+            raise ValueError(f"{checkpoint}: was written with another training config; start afresh or match it")
+        head.load_state_dict(saved["head"], strict=False)
+        optimizer.load_state_dict(saved["optimizer"])
+        state = TrainState(**saved["state"])
+        torch.set_rng_state(saved["rng"])
+        log.info("resumed from %s at update %d", checkpoint, state.update)
+    per_epoch = len(_batches(sequences, config.tokens_per_update, random.Random(0)))
+    state.total_updates = max(1, int(per_epoch * config.epochs))
+    index = vocab_index(head)
+    started = time.perf_counter() - state.elapsed_s
+    last_save = time.perf_counter()
+    budget = config.minutes * 60
+    schedule: list[list[Sequence]] = []
+    epoch = 0
+    while len(schedule) < state.total_updates:  # the whole (seeded) schedule, so a resume continues it
+        schedule += _batches(sequences, config.tokens_per_update, random.Random(config.seed * 1000 + epoch))
+        epoch += 1
+    bar = tqdm(total=state.total_updates, initial=state.update, desc=f"distill {config.design}", unit="step",
+               disable=not progress)
+    stop = state.total_updates if stop_after is None else min(state.total_updates, state.update + stop_after)
+    while state.update < stop and time.perf_counter() - started < budget:
+        for group in optimizer.param_groups:
+            group["lr"] = _lr(config, state.update, state.total_updates)
+        optimizer.zero_grad(set_to_none=True)
+        batch = schedule[state.update]
+        batch_tokens = sum(len(s.tokens) for s in batch)
+        merged: dict[str, float] = {}
+        for seq in batch:
+            loss, metrics = sequence_loss(head, seq, config, index)
+            (loss * len(seq.tokens) / batch_tokens).backward()
+            for k, v in metrics.items():
+                merged[k] = merged.get(k, 0.0) + v / len(batch)
+            merged["loss"] = merged.get("loss", 0.0) + float(loss) / len(batch)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        state.update += 1
+        state.elapsed_s = time.perf_counter() - started
+        merged["update"] = state.update
+        state.history.append(merged)
+        bar.update(1)
+        bar.set_postfix(loss=f"{merged['loss']:.3f}", acc0=f"{merged.get('acc0', 0):.2f}")
+        if checkpoint is not None and time.perf_counter() - last_save > config.checkpoint_every_s:
+            save_checkpoint(checkpoint, head, optimizer, state, config)
+            last_save = time.perf_counter()
+    bar.close()
+    if checkpoint is not None:
+        save_checkpoint(checkpoint, head, optimizer, state, config)
+    head.eval()
+    return state

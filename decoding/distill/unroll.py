@@ -1,0 +1,73 @@
+"""The draft head unrolled over a whole sequence as it runs at decode time ("training-time test").
+
+At decode time an eagle head reads the target's features up to the last verified position and its own
+predicted features beyond it. Training on real features alone would teach a head that never sees its own
+errors, so the sequence is run `steps` times:
+
+- step 0: pair j = (f_j, x_{j+1}) with the target's features, causal attention over step-0 pairs;
+- step u >= 1: pair j = (f̂_j, x_{j+1}), where f̂_j is step u-1's prediction at pair j-1. It stands for the
+  u-th draft of a chain whose verified features end at position j-u, so it attends to step-0 pairs at
+  positions <= j-u and to the step-v pair at position j-u+v for v = 1..u: exactly the keys its decode-time
+  counterpart finds in the cache.
+
+Step u at pair j predicts token x_{j+2}, the target's distribution at position j+1. A "tokens" head reads
+no features and needs one step: teacher forcing is already what it sees at decode time.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from decoding.draft_head import DraftHead
+from decoding.model import Block, apply_rope
+
+
+def step_mask(n: int, u: int) -> torch.Tensor:
+    """(n, (u + 1) n) bool: which keys (step 0 .. u, then position) a step-u query at pair j may read."""
+    j = torch.arange(n).unsqueeze(1)  # (n, 1) query positions
+    p = torch.arange(n).unsqueeze(0)  # (1, n) key positions
+    parts = [p <= j - u] + [p == j - u + v for v in range(1, u + 1)]
+    return torch.cat(parts, dim=1)
+
+
+def _attention(block: Block, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+               keys: list[tuple[torch.Tensor, torch.Tensor]], mask: torch.Tensor) -> torch.Tensor:
+    # x: (1, n, D) normed input of one step; keys: this layer's (k, v) of the earlier steps
+    attn = block.attention
+    _, n, d = x.shape
+    kv_dim = attn.n_kv_heads * attn.head_dim
+    q, k, v = attn.wqkv(x).split([d, kv_dim, kv_dim], dim=-1)
+    q = apply_rope(q.view(1, n, attn.n_heads, attn.head_dim).transpose(1, 2), cos, sin)  # (1, nh, n, hd)
+    k = apply_rope(k.view(1, n, attn.n_kv_heads, attn.head_dim).transpose(1, 2), cos, sin)  # (1, nkv, n, hd)
+    v = v.view(1, n, attn.n_kv_heads, attn.head_dim).transpose(1, 2)
+    keys.append((k, v))
+    all_k = torch.cat([kk for kk, _ in keys], dim=2)  # (1, nkv, (u+1) n, hd)
+    all_v = torch.cat([vv for _, vv in keys], dim=2)
+    y = F.scaled_dot_product_attention(q, all_k, all_v, attn_mask=mask,
+                                       enable_gqa=attn.n_kv_heads != attn.n_heads)  # (1, nh, n, hd)
+    return attn.wo(y.transpose(1, 2).reshape(1, n, d))
+
+
+def unrolled(head: DraftHead, tokens: torch.Tensor, features: torch.Tensor | None, steps: int) -> list[torch.Tensor]:
+    """Predicted features (T-1, D) of every pair j = 0 .. T-2, for steps 0 .. steps-1.
+
+    tokens: (T,) the sequence; features: (T, D) the target's final hidden states (eagle heads)."""
+    n = tokens.shape[0] - 1
+    cos, sin = head.rope_cos[:n], head.rope_sin[:n]
+    emb = head.embeddings[tokens[1:]]  # (n, D) the token after each pair's position
+    keys: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in head.blocks]
+    outputs: list[torch.Tensor] = []
+    feat = features[:n].float() if features is not None else None
+    for u in range(steps):
+        if u > 0:
+            assert feat is not None, "unrolling past step 0 needs an eagle head"
+            feat = torch.cat([torch.zeros_like(outputs[-1][:1]), outputs[-1][:-1]])  # (n, D) shifted by one
+        x = head.fc(torch.cat([emb, feat], dim=-1) if head.uses_features and feat is not None else emb)
+        x = x.unsqueeze(0)  # (1, n, D)
+        mask = step_mask(n, u)
+        for block, layer_keys in zip(head.blocks, keys, strict=True):
+            x = x + _attention(block, block.attention_norm(x), cos, sin, layer_keys, mask)
+            x = x + block.feed_forward(block.ffn_norm(x))
+        outputs.append(head.norm(x)[0])  # (n, D)
+    return outputs
