@@ -1,20 +1,68 @@
-"""Assemble an `Engine` from names: a target spec, a drafter list, an optional draft model."""
+"""Assemble an `Engine` from names: a target spec, a drafter list, a draft (a model or a draft head)."""
 
 from __future__ import annotations
 
-from decoding.drafters import CompositeDrafter, Drafter, DraftModelDrafter, GrammarForcedDrafter, NgramDrafter
+from pathlib import Path
+
+from decoding.draft_head import DraftHead, is_head_file, load_head
+from decoding.drafters import (
+    CompositeDrafter,
+    Drafter,
+    DraftModelDrafter,
+    GrammarForcedDrafter,
+    HeadDrafter,
+    NgramDrafter,
+)
+from decoding.drafts import shipped_draft
 from decoding.errors import ModelLoadError
 from decoding.generate import Engine
-from decoding.loading import LoadedModel, check_same_tokenizer, load_model
+from decoding.loading import EMBEDDED, LoadedModel, check_same_tokenizer, load_model
 
 DRAFTER_NAMES = ("grammar", "ngram", "draft")
 
+Draft = LoadedModel | DraftHead
 
-def build_drafter(
-    names: list[str], target: LoadedModel, draft: LoadedModel | None, max_draft_tokens: int
-) -> Drafter | None:
-    """Drafters in the order given; "draft" needs a draft model with the target's tokenizer; "grammar"
-    proposes the tokens a grammar forces (nothing without one)."""
+
+def load_draft(spec: str | None, target: LoadedModel, dtype: str = "auto") -> Draft | None:
+    """A draft for `target`: "embedded" (or None) is the draft head shipped for it, if any; a draft-head
+    `.safetensors` file from `draftgate distill`; otherwise a draft model (.gguf or HF directory)."""
+    if spec is None or spec == EMBEDDED:
+        path = shipped_draft(target.name)
+        if path is None:
+            if spec is None:
+                return None
+            raise ModelLoadError(f"draftgate ships no draft for target {target.name!r}: give a draft path")
+        return load_head_for(path, target)
+    if is_head_file(spec):
+        return load_head_for(Path(spec), target)
+    draft = load_model(spec, dtype)
+    check_same_tokenizer(target, draft)
+    return draft
+
+
+def load_head_for(path: Path, target: LoadedModel) -> DraftHead:
+    """Load a draft head on the target's embeddings and LM head, ready to decode in the target's dtype."""
+    model = target.model
+    head = load_head(path, model.tok_embeddings.weight.detach(), model.output.weight.detach(),
+                     target.tokenizer.fingerprint())
+    return head.prepare_inference(model.dtype)
+
+
+def draft_drafter(draft: Draft, target: LoadedModel, max_draft_tokens: int) -> Drafter:
+    if isinstance(draft, DraftHead):
+        return HeadDrafter(draft, max_tokens=max_draft_tokens)
+    check_same_tokenizer(target, draft)
+    if draft.model.args.vocab_size != target.model.args.vocab_size:
+        raise ModelLoadError(
+            f"{draft.source}: draft vocabulary {draft.model.args.vocab_size} != "
+            f"target vocabulary {target.model.args.vocab_size}"
+        )
+    return DraftModelDrafter(draft.model, max_tokens=max_draft_tokens)
+
+
+def build_drafter(names: list[str], target: LoadedModel, draft: Draft | None, max_draft_tokens: int) -> Drafter | None:
+    """Drafters in the order given; "draft" needs a draft (a model with the target's tokenizer, or a draft
+    head trained for the target); "grammar" proposes the tokens a grammar forces (nothing without one)."""
     drafters: list[Drafter] = []
     for name in names:
         if name == "grammar":  # proposes only under a grammar; a no-op otherwise
@@ -23,14 +71,9 @@ def build_drafter(
             drafters.append(NgramDrafter(max_tokens=max_draft_tokens))
         elif name == "draft":
             if draft is None:
-                raise ModelLoadError("drafter 'draft' needs a draft model (none was given)")
-            check_same_tokenizer(target, draft)
-            if draft.model.args.vocab_size != target.model.args.vocab_size:
-                raise ModelLoadError(
-                    f"{draft.source}: draft vocabulary {draft.model.args.vocab_size} != "
-                    f"target vocabulary {target.model.args.vocab_size}"
-                )
-            drafters.append(DraftModelDrafter(draft.model, max_tokens=max_draft_tokens))
+                raise ModelLoadError(f"drafter 'draft' needs a draft model (none was given, and draftgate "
+                                     f"ships none for {target.name!r})")
+            drafters.append(draft_drafter(draft, target, max_draft_tokens))
         else:
             raise ModelLoadError(f"unknown drafter {name!r} (known: {', '.join(DRAFTER_NAMES)})")
     if not drafters:
@@ -40,12 +83,20 @@ def build_drafter(
 
 def build_engine(
     target: str = "embedded",
-    drafters: tuple[str, ...] = ("ngram",),
+    drafters: tuple[str, ...] | None = None,
     draft: str | None = None,
     dtype: str = "auto",
     max_draft_tokens: int = 8,
+    with_grammar: bool = False,
 ) -> Engine:
+    """`drafters` None: n-gram, plus the draft when there is one (given, or shipped for the target);
+    `with_grammar` puts the grammar-forced drafter first (for constrained requests)."""
     target_model = load_model(target, dtype)
-    draft_model = load_model(draft, dtype) if draft else None
+    wants_draft = drafters is None or "draft" in drafters
+    draft_model = load_draft(draft, target_model, dtype) if wants_draft else None
+    if drafters is None:
+        drafters = ("ngram", "draft") if draft_model is not None else ("ngram",)
+    if with_grammar and "grammar" not in drafters:
+        drafters = ("grammar", *drafters)
     drafter = build_drafter(list(drafters), target_model, draft_model, max_draft_tokens)
     return Engine(target_model, drafter, max_draft_tokens=max_draft_tokens)

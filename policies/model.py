@@ -38,8 +38,8 @@ class Constraints:
 @dataclass(frozen=True)
 class LocalRoute:
     target: str = "embedded"
-    draft: str | None = None
-    drafters: list[str] = field(default_factory=lambda: ["grammar", "ngram"])
+    draft: str | None = None  # None or "embedded": the draft draftgate ships for an embedded target
+    drafters: list[str] = field(default_factory=lambda: ["grammar", "ngram", "draft"])
     dtype: str = "auto"
     speculative: Speculative = field(default_factory=Speculative)
     constraints: Constraints = field(default_factory=Constraints)
@@ -48,8 +48,8 @@ class LocalRoute:
         unknown = [d for d in self.drafters if d not in DRAFTER_NAMES]
         if unknown:
             raise ValueError(f"unknown drafter {unknown[0]!r} (known: {', '.join(DRAFTER_NAMES)})")
-        if "draft" in self.drafters and self.draft is None:
-            raise ValueError("drafter 'draft' needs a draft model: set 'draft'")
+        if "draft" in self.drafters and self.draft is None and self.target != "embedded":
+            raise ValueError("drafter 'draft' needs a draft model for this target: set 'draft'")
 
 
 @dataclass(frozen=True)

@@ -18,12 +18,13 @@ from typing import Any
 
 from tqdm import tqdm
 
+from decoding.build import Draft, draft_drafter
 from decoding.chat_engine import ChatEngine, ChatRequest, ConstraintOptions, PreparedChat
 from decoding.constraints.backends import BACKENDS, make_backend
 from decoding.constraints.base import CompileTimeoutError, ConstraintError
 from decoding.constraints.bounds import Bounds, bound_schema
 from decoding.constraints.corpus import load_corpus
-from decoding.drafters import CompositeDrafter, Drafter, DraftModelDrafter, GrammarForcedDrafter, NgramDrafter
+from decoding.drafters import CompositeDrafter, Drafter, GrammarForcedDrafter, NgramDrafter
 from decoding.generate import Engine, GenerationConfig
 from decoding.loading import LoadedModel
 from decoding.stats import SpecStats
@@ -154,10 +155,10 @@ class ConstrainedReport:
                 "failures": self.failures}
 
 
-def _drafters(draft: LoadedModel | None) -> Drafter:
+def _drafters(target: LoadedModel, draft: Draft | None) -> Drafter:
     parts: list[Drafter] = [GrammarForcedDrafter(), NgramDrafter()]
     if draft is not None:
-        parts.append(DraftModelDrafter(draft.model))
+        parts.append(draft_drafter(draft, target, 8))
     return CompositeDrafter(parts)
 
 
@@ -177,11 +178,11 @@ def measure_compile(target: LoadedModel, backend: str, quick: bool) -> CompileTi
     return times
 
 
-def run_constrained(target: LoadedModel, draft: LoadedModel | None, quick: bool, max_new_tokens: int,
+def run_constrained(target: LoadedModel, draft: Draft | None, quick: bool, max_new_tokens: int,
                     backends: tuple[str, ...] = BACKENDS) -> ConstrainedReport:
     requests = load_requests(quick, max_new_tokens)
     spec_name = "grammar+ngram" + ("+draft" if draft is not None else "")
-    engines = {"target-only": Engine(target), spec_name: Engine(target, _drafters(draft))}
+    engines = {"target-only": Engine(target), spec_name: Engine(target, _drafters(target, draft))}
     rows: list[ConstrainedRow] = []
     failures: list[str] = []
     compile_times = []

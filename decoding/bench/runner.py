@@ -18,9 +18,10 @@ from decoding.bench.baselines import HFRunner, LlamaCppRunner, llama_cpp_availab
 from decoding.bench.constrained import run_constrained
 from decoding.bench.report import BenchReport, Divergence, Measurement, Row
 from decoding.bench.workload import CATEGORIES, CONSTRAINED, BenchPrompt, load_workload
-from decoding.drafters import CompositeDrafter, DraftModelDrafter, NgramDrafter
+from decoding.build import Draft, draft_drafter, load_draft
+from decoding.drafters import CompositeDrafter, NgramDrafter
 from decoding.generate import Engine, GenerationConfig
-from decoding.loading import LoadedModel, check_same_tokenizer, embedded_gguf_path, load_model
+from decoding.loading import LoadedModel, embedded_gguf_path, load_model
 from decoding.sampling import SamplingParams
 from decoding.stats import SpecStats
 
@@ -35,7 +36,8 @@ class BenchOptions:
     temperature: float = 0.0
     include_hf: bool = True
     dtype: str = "auto"
-    draft: str | None = None
+    draft: str | None = None  # None: the draft shipped for the target
+    no_draft: bool = False
     seed: int = 0
     constrained_max_new_tokens: int = 256  # a tool call or a schema output runs to its end
 
@@ -63,7 +65,7 @@ def _engine_run(engine: Engine, speculative: bool, temperature: float) -> RunFn:
     return run
 
 
-def build_configs(target: LoadedModel, draft: LoadedModel | None, options: BenchOptions) -> list[Config]:
+def build_configs(target: LoadedModel, draft: Draft | None, options: BenchOptions) -> list[Config]:
     greedy = options.temperature == 0.0
     ref = TARGET_ONLY if greedy else None
     t = options.temperature
@@ -72,14 +74,16 @@ def build_configs(target: LoadedModel, draft: LoadedModel | None, options: Bench
         Config("engine ngram", _engine_run(Engine(target, NgramDrafter()), True, t), ref),
     ]
     if draft is not None:
-        check_same_tokenizer(target, draft)
-        draft_engine = Engine(target, DraftModelDrafter(draft.model))
+        draft_engine = Engine(target, draft_drafter(draft, target, 8))
         configs.append(Config("engine draft", _engine_run(draft_engine, True, t), ref))
-        composite = CompositeDrafter([NgramDrafter(), DraftModelDrafter(draft.model)])
+        composite = CompositeDrafter([NgramDrafter(), draft_drafter(draft, target, 8)])
         configs.append(Config("engine ngram+draft", _engine_run(Engine(target, composite), True, t), ref))
     if options.include_hf and greedy:
-        hf = HFRunner(target, draft)
-        modes = ["generate", "prompt_lookup"] + (["assisted"] if draft is not None else [])
+        # HF's assisted generation runs a standalone draft model; a draft head has no HF form, so against
+        # a head HF's best is prompt lookup
+        standalone = draft if isinstance(draft, LoadedModel) else None
+        hf = HFRunner(target, standalone)
+        modes = ["generate", "prompt_lookup"] + (["assisted"] if standalone is not None else [])
         for mode in modes:
             def run(prompt: list[int], n: int, seed: int, mode: str = mode) -> tuple[list[int], SpecStats | None]:
                 return hf.generate(prompt, n, mode), None
@@ -123,7 +127,7 @@ def first_divergence(
 def run_bench(options: BenchOptions) -> BenchReport:
     torch.manual_seed(options.seed)
     target = load_model("embedded", options.dtype)
-    draft = load_model(options.draft, options.dtype) if options.draft else None
+    draft = None if options.no_draft else load_draft(options.draft, target, options.dtype)
     wanted = options.categories or (*CATEGORIES, CONSTRAINED)
     plain = tuple(c for c in wanted if c != CONSTRAINED)
     constrained = None
@@ -177,11 +181,19 @@ def run_bench(options: BenchOptions) -> BenchReport:
     return BenchReport(rows, _meta(target, draft, options, len(prompts)), constrained)
 
 
-def _meta(target: LoadedModel, draft: LoadedModel | None, options: BenchOptions, prompts: int) -> dict[str, object]:
+def _draft_source(draft: Draft | None) -> str | None:
+    if draft is None:
+        return None
+    if isinstance(draft, LoadedModel):
+        return draft.source
+    return f"draft head ({draft.config.design}, {draft.config.n_layers} layer(s), {len(draft.vocab)} tokens)"
+
+
+def _meta(target: LoadedModel, draft: Draft | None, options: BenchOptions, prompts: int) -> dict[str, object]:
     return {
         "target": target.source,
         "dtype": str(target.model.dtype).removeprefix("torch."),
-        "draft": draft.source if draft else None,
+        "draft": _draft_source(draft),
         "prompts": prompts,
         "max_new_tokens": options.max_new_tokens,
         "temperature": options.temperature,

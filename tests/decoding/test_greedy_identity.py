@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decoding.drafters import CompositeDrafter, Drafter, DraftModelDrafter, NgramDrafter
+from decoding.drafters import CompositeDrafter, Drafter, DraftModelDrafter, HeadDrafter, NgramDrafter
 from decoding.generate import Engine, GenerationConfig
 from decoding.loading import LoadedModel
 from decoding.stats import SpecStats
 from tests.conftest import TinyFactory, perturbed_copy
+from tests.decoding.heads import trained_head
 
 PROMPTS = [
     [0, 3, 4, 5, 3, 4, 5, 3, 4],  # repetitive: the n-gram drafter has matches
@@ -29,6 +30,11 @@ def _tokens(engine: Engine, prompt: list[int], n: int, speculative: bool) -> tup
 def _drafters(target: LoadedModel, kind: str) -> Drafter:
     if kind == "ngram":
         return NgramDrafter(min_n=1, max_n=3)
+    if kind in ("eagle-head", "tokens-head"):  # a draft head of each design, trained briefly on the target
+        return HeadDrafter(trained_head(target, kind.split("-")[0]), max_tokens=6)
+    if kind == "ngram+eagle-head":  # the head chains its own features over the n-gram's proposals
+        return CompositeDrafter([NgramDrafter(min_n=2, max_n=3, max_tokens=2),
+                                 HeadDrafter(trained_head(target, "eagle"), max_tokens=6)])
     draft = DraftModelDrafter(perturbed_copy(target.model, seed=7, noise=0.05), max_tokens=6)
     if kind == "draft":
         return draft
@@ -36,7 +42,7 @@ def _drafters(target: LoadedModel, kind: str) -> Drafter:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("kind", ["ngram", "draft", "composite"])
+@pytest.mark.parametrize("kind", ["ngram", "draft", "composite", "eagle-head", "tokens-head", "ngram+eagle-head"])
 def test_speculative_greedy_equals_target_only(tiny_model: TinyFactory, dtype: torch.dtype, kind: str) -> None:
     target = tiny_model(vocab_size=64, dtype=dtype, seed=1, logit_scale=2.0)
     base = Engine(target)

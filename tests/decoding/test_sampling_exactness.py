@@ -19,13 +19,14 @@ import pytest
 import torch
 from scipy import stats as scipy_stats
 
-from decoding.drafters import CompositeDrafter, Drafter, DraftModelDrafter, NgramDrafter
+from decoding.drafters import CompositeDrafter, Drafter, DraftModelDrafter, HeadDrafter, NgramDrafter
 from decoding.generate import Engine, GenerationConfig
 from decoding.loading import LoadedModel
 from decoding.model import Transformer
 from decoding.sampling import SamplingParams, processed_probs
 from decoding.stats import SpecStats
 from tests.conftest import TinyFactory, perturbed_copy
+from tests.decoding.heads import trained_head
 
 VOCAB = 5
 NEW_TOKENS = 4
@@ -100,6 +101,11 @@ def _drafter(kind: str, target: LoadedModel) -> Drafter:
         return DraftModelDrafter(draft_model, max_tokens=2)
     if kind == "ngram":
         return NgramDrafter(min_n=1, max_n=3, max_tokens=2)
+    if kind == "eagle-head":  # emits 4 of the 5 tokens: q is zero on the last, as for a real head's subset
+        return HeadDrafter(trained_head(target, "eagle", updates=20, vocab=torch.arange(4)), max_tokens=2)
+    if kind == "ngram+eagle-head":
+        return CompositeDrafter([NgramDrafter(min_n=2, max_n=3, max_tokens=1),
+                                 HeadDrafter(trained_head(target, "eagle", updates=20), max_tokens=2)])
     return CompositeDrafter([NgramDrafter(min_n=2, max_n=3, max_tokens=1), DraftModelDrafter(draft_model)])
 
 
@@ -114,7 +120,8 @@ PARAMS = {
 @pytest.mark.parametrize(
     ("kind", "params_name"),
     [("draft", "t1.0"), ("draft", "t0.7"), ("draft", "topk3"), ("draft", "topp0.8"),
-     ("ngram", "t1.0"), ("ngram", "topk3"), ("ngram", "topp0.8"), ("composite", "t0.7")],
+     ("ngram", "t1.0"), ("ngram", "topk3"), ("ngram", "topp0.8"), ("composite", "t0.7"),
+     ("eagle-head", "t1.0"), ("eagle-head", "topp0.8"), ("ngram+eagle-head", "t0.7")],
 )
 def test_speculative_sampling_matches_target_distribution(tiny_model: TinyFactory, kind: str, params_name: str) -> None:
     target = _target(tiny_model)

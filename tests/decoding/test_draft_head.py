@@ -1,0 +1,120 @@
+"""Draft heads: the unrolled training forward is what decoding computes, the loop learns, files round-trip
+and refuse a target with another tokenizer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from decoding.build import build_drafter, load_draft
+from decoding.distill.data import draft_vocabulary
+from decoding.distill.evaluate import chain_acceptance
+from decoding.distill.train import TrainConfig, sequence_loss, train, vocab_index
+from decoding.distill.unroll import step_mask, unrolled
+from decoding.draft_head import is_head_file, load_head, save_head
+from decoding.drafters import CompositeDrafter, HeadDrafter
+from decoding.errors import ModelLoadError, TokenizerMismatchError
+from tests.conftest import TinyFactory
+from tests.decoding.heads import head_for, tiny_sequences
+
+
+def test_step_mask_reads_the_chain_a_draft_sees() -> None:
+    mask = step_mask(5, 2)  # step 2: verified pairs <= j-2, step-1 pair j-1, step-2 pair j
+    j = 4
+    assert mask[j, :5].tolist() == [True, True, True, False, False]
+    assert mask[j, 5:10].tolist() == [False, False, False, True, False]
+    assert mask[j, 10:].tolist() == [False, False, False, False, True]
+
+
+@pytest.mark.parametrize("design", ["eagle", "tokens"])
+def test_unrolled_steps_equal_decode_time_steps(tiny_model: TinyFactory, design: str) -> None:
+    """Step u of the training forward at pair j == the head's cached decode chain after j-u verified pairs."""
+    target = tiny_model(vocab_size=16, dtype=torch.float32, seed=2)
+    seq = tiny_sequences(target, 1, new_tokens=12)[0]
+    head = head_for(target, design)
+    head.setup_cache(64)
+    tokens = seq.tokens
+    assert seq.features is not None
+    feats = seq.features.float() if head.uses_features else None
+    steps = 3 if head.uses_features else 1
+    with torch.no_grad():
+        outputs = unrolled(head, tokens, feats, steps)
+    last_verified = 9  # pairs 0 .. 9 read the target's features
+    verified_feats = feats[: last_verified + 1] if feats is not None else None
+    predicted, _ = head.step(tokens[1 : last_verified + 2], verified_feats, 0)
+    torch.testing.assert_close(outputs[0][: last_verified + 1], predicted, rtol=1e-4, atol=1e-4)
+    feature = predicted[-1:]
+    for u in range(1, steps):  # chain: pair last_verified + u reads the feature predicted one step earlier
+        pos = last_verified + u
+        feature, _ = head.step(tokens[pos + 1 : pos + 2], feature, pos)
+        torch.testing.assert_close(outputs[u][pos], feature[0], rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("design", ["eagle", "tokens"])
+def test_a_few_training_steps_lower_the_distillation_loss(tiny_model: TinyFactory, design: str) -> None:
+    target = tiny_model(vocab_size=16, dtype=torch.float32, seed=2)
+    sequences = tiny_sequences(target, 16)
+    vocab, coverage = draft_vocabulary(sequences, 12, 16)
+    assert len(vocab) == 12 and 0.5 < coverage <= 1.0
+    head = head_for(target, design, vocab)
+    config = TrainConfig(design=design, steps=2 if design == "eagle" else 1, tokens_per_update=128, epochs=6,
+                         warmup=3, lr=3e-3)
+    index = vocab_index(head)
+
+    def mean_loss() -> float:
+        with torch.no_grad():
+            return sum(float(sequence_loss(head, s, config, index)[0]) for s in sequences) / len(sequences)
+
+    head.setup_cache(128)
+    before = mean_loss()
+    state = train(head, sequences, config, progress=False)
+    after = mean_loss()
+    assert state.update == state.total_updates > 10
+    assert after < 0.7 * before, f"{design}: loss {before:.3f} -> {after:.3f}"
+    accepted = sum(sum(chain_acceptance(head, s, 4)) for s in sequences)
+    assert accepted > 0
+
+
+def test_training_resumes_from_its_checkpoint(tiny_model: TinyFactory, tmp_path: Path) -> None:
+    """Stopped after 5 updates and resumed in a fresh process-like state == trained in one go."""
+    target = tiny_model(vocab_size=16, dtype=torch.float32, seed=2)
+    sequences = tiny_sequences(target, 8)
+    config = TrainConfig(design="eagle", steps=2, tokens_per_update=128, epochs=4, warmup=2, lr=3e-3)
+    whole = head_for(target, "eagle")
+    done = train(whole, sequences, config, progress=False)
+    ckpt = tmp_path / "head.ckpt"
+    first = train(head_for(target, "eagle"), sequences, config, ckpt, progress=False, stop_after=5)
+    assert first.update == 5 < done.update
+    with pytest.raises(ValueError, match="another training config"):
+        train(head_for(target, "eagle"), sequences, TrainConfig(**{**config.__dict__, "lr": 1e-3}), ckpt,
+              resume=True, progress=False)
+    resumed = head_for(target, "eagle", seed=1)  # other initial weights: the checkpoint must replace them
+    second = train(resumed, sequences, config, ckpt, resume=True, progress=False)
+    assert second.update == done.update and len(second.history) == len(done.history)
+    for key, value in whole.head_state().items():
+        torch.testing.assert_close(resumed.head_state()[key], value, rtol=1e-5, atol=1e-6)
+
+
+def test_head_file_round_trips_and_refuses_another_tokenizer(tiny_model: TinyFactory, tmp_path: Path) -> None:
+    target = tiny_model(vocab_size=16, dtype=torch.float32, seed=2)
+    head = head_for(target, "eagle", torch.arange(2, 14))
+    path = tmp_path / "draft.safetensors"
+    save_head(head, path, target.tokenizer.fingerprint(), {"design": "eagle"})
+    assert is_head_file(path)
+    emb, lm = target.model.tok_embeddings.weight, target.model.output.weight
+    loaded = load_head(path, emb, lm, target.tokenizer.fingerprint())
+    assert loaded.vocab.tolist() == list(range(2, 14))
+    for key, value in head.head_state().items():
+        torch.testing.assert_close(loaded.head_state()[key].float(), value.to(torch.bfloat16).float())
+    other = tiny_model(vocab_size=24)
+    with pytest.raises(TokenizerMismatchError, match="another tokenizer"):
+        load_draft(str(path), other)
+    drafter = build_drafter(["ngram", "draft"], target, load_draft(str(path), target), 6)
+    assert isinstance(drafter, CompositeDrafter) and isinstance(drafter.drafters[1], HeadDrafter)
+    bogus = tmp_path / "bogus.safetensors"
+    bogus.write_bytes(b"not a safetensors file")
+    assert not is_head_file(bogus)
+    with pytest.raises(ModelLoadError, match="not a draftgate draft head"):
+        load_head(bogus, emb, lm, target.tokenizer.fingerprint())
