@@ -108,6 +108,7 @@ def _bench(args: argparse.Namespace) -> int:
 def _distill(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from decoding.distill.card import card_markdown
     from decoding.distill.data import DataConfig
     from decoding.distill.run import distill
     from decoding.distill.train import TrainConfig
@@ -118,12 +119,13 @@ def _distill(args: argparse.Namespace) -> int:
                       max_new_tokens=args.max_new_tokens)
     config = TrainConfig(design=args.design, n_layers=args.layers, steps=args.steps if args.design == "eagle" else 1,
                          vocab_size=args.vocab_size, lr=args.lr, epochs=args.epochs, minutes=args.minutes,
-                         seed=args.seed)
+                         seed=args.seed, tokens_per_update=args.tokens_per_update)
     out = Path(args.out or f"draft-{target.name}-{args.design}.safetensors")
     card = distill(target, out, data, config, resume=args.resume, data_file=Path(args.data) if args.data else None)
+    out.with_suffix(".md").write_text(card_markdown(card, f"Draft head for {target.name} ({args.design})"))
     print(json.dumps({"held_out": card["held_out"]["all"], "cost": card["cost"],
                       "updates": card["training"]["updates"], "train_wall_s": card["training"]["train_wall_s"]}))
-    print(f"wrote {out} (use it with --draft {out})")
+    print(f"wrote {out} and its model card {out.with_suffix('.md')} (use it with --draft {out})")
     return 0
 
 
@@ -180,9 +182,10 @@ def build_parser() -> argparse.ArgumentParser:
     dist.add_argument("--layers", type=int, default=1, help="decoder layers in the head")
     dist.add_argument("--steps", type=int, default=3, help="unrolled draft steps per training sequence (eagle)")
     dist.add_argument("--vocab-size", type=int, default=8192, help="tokens the head can emit")
-    dist.add_argument("--epochs", type=float, default=8.0)
-    dist.add_argument("--minutes", type=float, default=60.0, help="wall-time limit of the training")
-    dist.add_argument("--lr", type=float, default=1e-3)
+    dist.add_argument("--epochs", type=float, default=10.0)
+    dist.add_argument("--minutes", type=float, default=45.0, help="wall-time limit of the training")
+    dist.add_argument("--lr", type=float, default=2e-3)
+    dist.add_argument("--tokens-per-update", type=int, default=1024, help="tokens per optimiser step")
     dist.add_argument("--seed", type=int, default=0)
     dist.add_argument("--stage-one", type=int, default=320, help="prompts the target answers first")
     dist.add_argument("--stage-two", type=int, default=320, help="prompts built on those answers")

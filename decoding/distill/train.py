@@ -19,6 +19,7 @@ from tqdm import tqdm
 from decoding.distill.data import Sequence
 from decoding.distill.unroll import unrolled
 from decoding.draft_head import DraftHead, HeadConfig
+from decoding.loading import cpu_supports_bf16
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,7 @@ class TrainConfig:
     epochs: float = 8.0
     minutes: float = 60.0  # wall-time limit of this run (the schedule assumes `epochs`)
     seed: int = 0
+    bf16_autocast: bool = True  # matmuls in bf16 where the CPU has it (~1.7x faster here), weights in float32
     eval_share: float = 0.06
     checkpoint_every_s: float = 300.0
 
@@ -153,7 +155,7 @@ def train(head: DraftHead, sequences: list[Sequence], config: TrainConfig, check
     state = TrainState()
     if resume and checkpoint is not None and checkpoint.is_file():
         saved = torch.load(checkpoint, weights_only=False)
-        if saved["config"] != asdict(config):
+        if {**saved["config"], "minutes": config.minutes} != asdict(config):  # a resume may change the time limit
             raise ValueError(f"{checkpoint}: was written with another training config; start afresh or match it")
         head.load_state_dict(saved["head"], strict=False)
         optimizer.load_state_dict(saved["optimizer"])
@@ -163,6 +165,7 @@ def train(head: DraftHead, sequences: list[Sequence], config: TrainConfig, check
     per_epoch = len(_batches(sequences, config.tokens_per_update, random.Random(0)))
     state.total_updates = max(1, int(per_epoch * config.epochs))
     index = vocab_index(head)
+    autocast = config.bf16_autocast and cpu_supports_bf16() and head.dtype == torch.float32
     started = time.perf_counter() - state.elapsed_s
     last_save = time.perf_counter()
     budget = config.minutes * 60
@@ -182,11 +185,12 @@ def train(head: DraftHead, sequences: list[Sequence], config: TrainConfig, check
         batch_tokens = sum(len(s.tokens) for s in batch)
         merged: dict[str, float] = {}
         for seq in batch:
-            loss, metrics = sequence_loss(head, seq, config, index)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                loss, metrics = sequence_loss(head, seq, config, index)
             (loss * len(seq.tokens) / batch_tokens).backward()
             for k, v in metrics.items():
                 merged[k] = merged.get(k, 0.0) + v / len(batch)
-            merged["loss"] = merged.get("loss", 0.0) + float(loss) / len(batch)
+            merged["loss"] = merged.get("loss", 0.0) + float(loss.detach()) / len(batch)
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
         state.update += 1

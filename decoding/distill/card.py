@@ -1,0 +1,38 @@
+"""The model card of a distilled draft head, as Markdown, from the card dict stored in its file."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def card_markdown(card: dict[str, Any], title: str) -> str:
+    data, training, held, cost = card["data"], card["training"], card["held_out"], card["cost"]
+    lines = [
+        f"# {title}",
+        "",
+        f"- target: `{card['target']}`; design: **{card['design']}**, {card['layers']} decoder layer(s), "
+        f"{card['parameters'] / 1e6:.2f} M own parameters (embeddings and LM-head rows are the target's)",
+        f"- vocabulary: the {card['vocabulary']['size']} tokens the target emits most, covering "
+        f"{card['vocabulary']['coverage_of_generated_tokens']:.1%} of its generated tokens",
+        f"- data: {data['sequences']} sequences ({data['train_sequences']} train, {data['held_out_sequences']} "
+        f"held out), the target's own generations on prompts written by the project (categories: "
+        f"{', '.join(data['categories'])}); {data['train_generated_tokens']} generated training tokens; "
+        f"{data['stage_one']} + {data['stage_two']} prompts, up to {data['max_new_tokens']} new tokens each, "
+        f"{data['sampled_share']:.0%} sampled at T=0.7, seed {data['seed']}",
+        f"- training: {training['updates']} updates of ~{training['tokens_per_update']} tokens "
+        f"({training['planned_updates']} planned, {training['epochs']} epochs), {training['steps']} unrolled "
+        f"step(s), AdamW lr {training['lr']}, {training['train_wall_s'] / 60:.1f} min on this CPU; "
+        f"whole run {card['total_wall_s'] / 60:.1f} min",
+        f"- cost: one draft step {cost['draft_step_ms']} ms vs one target step {cost['target_step_ms']} ms "
+        f"(**{cost['relative_cost']:.1%}**)",
+        "",
+        f"Held-out greedy chains (up to {held['depth']} drafts; acceptance length = 1 + accepted drafts):",
+        "",
+        "| category | chains | first draft accepted | mean accepted | mean acceptance length |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    rows = [*held["categories"].items(), ("**all**", held["all"])]
+    for name, s in rows:
+        lines.append(f"| {name} | {s['chains']} | {s['first_draft_accepted']:.1%} | {s['mean_accepted']:.2f} "
+                     f"| {s['mean_acceptance_length']:.2f} |")
+    return "\n".join(lines) + "\n"
