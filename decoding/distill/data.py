@@ -102,7 +102,7 @@ def teacher_force(target: LoadedModel, sequences: list[Sequence]) -> None:
         logits, hidden = model.forward_hidden(seq.tokens, 0)  # (T, V), (T, D)
         seq.features = hidden.to(torch.bfloat16)
         probs = torch.softmax(logits[seq.prompt_len - 1 :].float(), dim=-1)  # (T - P + 1, V)
-        top = probs.topk(TOP_K, dim=-1)
+        top = probs.topk(min(TOP_K, probs.shape[-1]), dim=-1)
         seq.top_ids, seq.top_probs = top.indices.to(torch.int32), top.values.to(torch.float16)
 
 
