@@ -1,4 +1,4 @@
-"""The `draftgate` command: generate, bench, distill."""
+"""The `draftgate` command: serve, generate, bench, distill."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ import sys
 import time
 
 from decoding.errors import DecodingError, InvalidRequestError
+from gateway.auth import NoKeysError
+from policies.loader import PolicyError
 
 
 def _read_json(path: str, what: str) -> object:
@@ -116,10 +118,10 @@ def _distill(args: argparse.Namespace) -> int:
 
     target = load_model(args.model, args.dtype)
     data = DataConfig(seed=args.seed, stage_one=args.stage_one, stage_two=args.stage_two,
-                      max_new_tokens=args.max_new_tokens)
+                      max_new_tokens=args.max_new_tokens, text_sequences=args.text_sequences)
     config = TrainConfig(design=args.design, n_layers=args.layers, steps=args.steps if args.design == "eagle" else 1,
                          vocab_size=args.vocab_size, lr=args.lr, epochs=args.epochs, minutes=args.minutes,
-                         seed=args.seed, tokens_per_update=args.tokens_per_update)
+                         seed=args.seed, tokens_per_update=args.tokens_per_update, prompt_weight=args.prompt_weight)
     out = Path(args.out or f"draft-{target.name}-{args.design}.safetensors")
     card = distill(target, out, data, config, resume=args.resume, data_file=Path(args.data) if args.data else None)
     out.with_suffix(".md").write_text(card_markdown(card, f"Draft head for {target.name} ({args.design})"))
@@ -129,10 +131,22 @@ def _distill(args: argparse.Namespace) -> int:
     return 0
 
 
+def _serve(args: argparse.Namespace) -> int:
+    from gateway.serve import serve
+
+    return serve(args.policy, args.host, args.port)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="draftgate", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     sub = parser.add_subparsers(dest="command", required=True)
+
+    srv = sub.add_parser("serve", help="serve the OpenAI-compatible API (the policy's routes)")
+    srv.add_argument("--policy", default=None, metavar="FILE", help="policy YAML (default: the shipped default.yaml)")
+    srv.add_argument("--host", default="127.0.0.1")
+    srv.add_argument("--port", type=int, default=8000)
+    srv.set_defaults(func=_serve)
 
     gen = sub.add_parser("generate", help="generate a chat reply on a local model")
     gen.add_argument("prompt")
@@ -189,6 +203,9 @@ def build_parser() -> argparse.ArgumentParser:
     dist.add_argument("--seed", type=int, default=0)
     dist.add_argument("--stage-one", type=int, default=320, help="prompts the target answers first")
     dist.add_argument("--stage-two", type=int, default=320, help="prompts built on those answers")
+    dist.add_argument("--text-sequences", type=int, default=480,
+                      help="standard-library docs and code read by the target (teacher-forced)")
+    dist.add_argument("--prompt-weight", type=float, default=0.3, help="loss weight of prompt positions")
     dist.add_argument("--max-new-tokens", type=int, default=160, help="tokens the target generates per prompt")
     dist.add_argument("--data", default=None, metavar="FILE", help="the data set file (default: in the cache)")
     dist.add_argument("--resume", action="store_true", help="continue from this configuration's checkpoint")
@@ -207,6 +224,9 @@ def main(argv: list[str] | None = None) -> int:
         return int(args.func(args))
     except DecodingError as exc:
         print(f"draftgate: error [{exc.code}]: {exc}", file=sys.stderr)
+        return 2
+    except (PolicyError, NoKeysError) as exc:
+        print(f"draftgate: error: {exc}", file=sys.stderr)
         return 2
 
 

@@ -27,7 +27,7 @@ def chain_acceptance(head: DraftHead, seq: Sequence, depth: int) -> list[int]:
     steps = depth if head.uses_features else 1
     outputs = unrolled(head, seq.tokens, seq.features.float() if head.uses_features else None, steps)
     assert head.lm_head is not None
-    top1 = seq.top_ids[:, 0].long()  # target's top-1 at positions p-1 .. T-1
+    top1 = seq.top_ids[p - 1 :, 0].long()  # target's top-1 after positions p-1 .. T-1
     ok: list[torch.Tensor] = []  # ok[u][j]: step u is right at pair j (j >= p - 2)
     for u in range(depth):
         predicted = outputs[min(u, steps - 1)][p - 2 :]  # (n - p + 2, D) pairs p-2 .. n-1

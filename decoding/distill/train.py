@@ -36,6 +36,7 @@ class TrainConfig:
     weight_decay: float = 0.01
     tokens_per_update: int = 4096  # sequences are accumulated up to this many tokens per optimiser step
     feature_weight: float = 0.2
+    prompt_weight: float = 0.3  # loss weight of pairs inside the prompt, against 1 for the reply
     step_decay: float = 0.8  # loss weight of step u: decay ** u
     epochs: float = 8.0
     minutes: float = 60.0  # wall-time limit of this run (the schedule assumes `epochs`)
@@ -82,28 +83,32 @@ def sequence_loss(head: DraftHead, seq: Sequence, config: TrainConfig, index: to
     weight_sum = 0.0
     metrics: dict[str, float] = {}
     n = seq.tokens.shape[0] - 1
+    # pair j predicts the target's distribution after position j+1; prompt positions count less
+    weights = torch.full((n,), config.prompt_weight)  # (n,) per pair
+    weights[max(p - 2, 0) :] = 1.0
     for u, predicted in enumerate(outputs):
-        first = max(p - 2 + u, u)  # pairs whose chain starts after the prompt
-        if first >= n:
+        if u >= n:
             continue
-        rows = predicted[first:]  # (N, D) pairs first .. n-1 predict the target at positions first+1 ..
-        top_ids = seq.top_ids[first + 1 - (p - 1) :].long()  # (N, K)
-        top_probs = seq.top_probs[first + 1 - (p - 1) :].float()  # (N, K)
+        rows = predicted[u:]  # (N, D) pairs u .. n-1 predict the target at positions u+1 .. n
+        top_ids = seq.top_ids[u + 1 :].long()  # (N, K)
+        top_probs = seq.top_probs[u + 1 :].float()  # (N, K)
+        row_w = weights[u:] / weights[u:].sum()  # (N,)
         logq = F.log_softmax(head.lm_head(rows), dim=-1)  # (N, Vd)
         sub = index[top_ids]  # (N, K) rows in the head's vocabulary, -1 outside
         target = top_probs * (sub >= 0)
         target = target / target.sum(-1, keepdim=True).clamp_min(1e-6)
-        ce = -(target * logq.gather(1, sub.clamp_min(0))).sum(-1).mean()
+        ce = -((target * logq.gather(1, sub.clamp_min(0))).sum(-1) * row_w).sum()
         loss = ce
         if head.uses_features:
-            loss = loss + config.feature_weight * F.smooth_l1_loss(rows, features[first + 1 :])
+            feature_err = F.smooth_l1_loss(rows, features[u + 1 :], reduction="none").mean(-1)  # (N,)
+            loss = loss + config.feature_weight * (feature_err * row_w).sum()
         w = config.step_decay**u
         total = total + w * loss
         weight_sum += w
         with torch.no_grad():
-            agree = head.vocab[logq.argmax(-1)] == top_ids[:, 0]
+            agree = (head.vocab[logq.argmax(-1)] == top_ids[:, 0]).float()
             metrics[f"ce{u}"] = float(ce)
-            metrics[f"acc{u}"] = float(agree.float().mean())
+            metrics[f"acc{u}"] = float((agree * row_w).sum())
     return total / max(weight_sum, 1e-9), metrics
 
 
