@@ -39,6 +39,7 @@ class ChatRequest:
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
     response_format: Any = None
+    fit_max_tokens: bool = False  # the client set no limit: cut max_new_tokens to what the context leaves
 
 
 @dataclass
@@ -85,6 +86,9 @@ class ChatEngine:
                                           "sequence would cut the structured output", param="stop")
             config = replace(config, grammar=self.backend(options.backend).compile(plan.spec))
         prompt = render_prompt(self.engine.target.tokenizer, request.messages, tools, choice)
+        if request.fit_max_tokens:
+            room = max(self.engine.max_context - len(prompt), 1)
+            config = replace(config, max_new_tokens=min(config.max_new_tokens, room))
         self.engine.check_length(prompt, config)
         return PreparedChat(prompt, config, plan, self.engine)
 

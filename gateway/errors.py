@@ -8,7 +8,7 @@ nothing else, so no error leaves as a bare 500 with a traceback.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from decoding.constraints.base import ConstraintError
@@ -23,6 +23,7 @@ class ApiError:
     type: str
     code: str | None
     param: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
 
     def body(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
@@ -38,10 +39,33 @@ class UnknownModelError(Exception):
         self.param = "model"
 
 
+class BodyTooLargeError(Exception):
+    code = "request_too_large"
+
+    def __init__(self, size: int, limit: int) -> None:
+        super().__init__(f"the request body is {size} bytes; this gateway takes at most {limit}")
+        self.param = None
+
+
 def to_api_error(exc: Exception) -> ApiError:
     """The envelope for `exc`; anything unforeseen is a 500 that says so, without internals."""
+    from gateway.auth import AuthError
+    from gateway.local import QueueFullError, RequestTimeoutError
+    from gateway.upstream import UpstreamError
+
     param = getattr(exc, "param", None)
     code = getattr(exc, "code", None)
+    if isinstance(exc, UpstreamError):
+        return exc.error
+    if isinstance(exc, AuthError):
+        return ApiError(401, str(exc), "invalid_request_error", exc.code)
+    if isinstance(exc, QueueFullError):
+        return ApiError(429, str(exc), "rate_limit_error", exc.code, None,
+                        {"Retry-After": str(exc.retry_after_s), "x-should-retry": "true"})
+    if isinstance(exc, RequestTimeoutError):
+        return ApiError(504, str(exc), "timeout_error", exc.code)
+    if isinstance(exc, BodyTooLargeError):
+        return ApiError(413, str(exc), "invalid_request_error", exc.code)
     if isinstance(exc, UnknownModelError):
         return ApiError(404, str(exc), "invalid_request_error", exc.code, exc.param)
     if isinstance(exc, OutputValidationError):

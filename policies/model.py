@@ -71,9 +71,35 @@ class Route:
 
 
 @dataclass(frozen=True)
+class Server:
+    max_queue: int = 32  # requests waiting for a local engine; one more is answered 429
+    request_timeout_s: float = 600.0  # queue wait plus generation, per request
+    max_body_bytes: int = 4_000_000
+
+    def __post_init__(self) -> None:
+        if self.max_queue < 1:
+            raise ValueError(f"max_queue must be >= 1, got {self.max_queue}")
+        if self.request_timeout_s <= 0:
+            raise ValueError(f"request_timeout_s must be > 0, got {self.request_timeout_s}")
+
+
+@dataclass(frozen=True)
+class Auth:
+    """Who may call. Keys come from `keys` and from the environment variable `keys_env` (comma-separated).
+    With no key configured, `dev: true` accepts any request (what local development wants); `dev: false`
+    refuses to start."""
+
+    keys: list[str] = field(default_factory=list)
+    keys_env: str = "DRAFTGATE_API_KEYS"
+    dev: bool = False
+
+
+@dataclass(frozen=True)
 class Policy:
     version: int
     routes: list[Route]
+    server: Server = field(default_factory=Server)
+    auth: Auth = field(default_factory=Auth)
 
     def __post_init__(self) -> None:
         if self.version != 1:

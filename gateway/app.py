@@ -1,0 +1,83 @@
+"""The FastAPI app, built by `create_app` from a policy; its state lives on `app.state.gateway`.
+
+Endpoints: `POST /v1/chat/completions`, `GET /v1/models`, `GET /health` (and `/healthz`). Every error,
+ours or the framework's (unknown path, wrong method), leaves through one handler as an OpenAI envelope.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from gateway.chat import chat_completions
+from gateway.errors import ApiError, BodyTooLargeError, to_api_error
+from gateway.protocol import parse_request
+from gateway.state import GatewayState
+from policies.model import Policy
+
+log = logging.getLogger(__name__)
+
+
+def error_response(error: ApiError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
+
+
+def create_app(policy: Policy, state: GatewayState | None = None) -> FastAPI:
+    """The gateway for `policy`; loads every local route's model unless a built `state` is given."""
+    gateway = state or GatewayState.build(policy)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        yield
+        gateway.close()
+
+    app = FastAPI(title="draftgate", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.gateway = gateway
+
+    @app.exception_handler(Exception)
+    async def any_error(_: Request, exc: Exception) -> JSONResponse:
+        error = to_api_error(exc)
+        if error.status >= 500:
+            log.error("request failed: %s", exc, exc_info=exc if error.code == "internal_error" else None)
+        return error_response(error)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        return error_response(ApiError(exc.status_code, str(exc.detail), "invalid_request_error", code))
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: Request) -> Response:
+        gateway.keys.check(request.headers.get("authorization"))
+        limit = gateway.policy.server.max_body_bytes
+        declared = int(request.headers.get("content-length") or 0)
+        if declared > limit:
+            raise BodyTooLargeError(declared, limit)
+        body = await request.body()
+        if len(body) > limit:
+            raise BodyTooLargeError(len(body), limit)
+        return await chat_completions(gateway, parse_request(body), request)
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> dict[str, Any]:
+        gateway.keys.check(request.headers.get("authorization"))
+        return {"object": "list", "data": [
+            {"id": r.model, "object": "model", "created": gateway.started,
+             "owned_by": "draftgate" if r.local is not None else "upstream"}
+            for r in gateway.policy.routes]}
+
+    @app.get("/health")
+    @app.get("/healthz")
+    async def health() -> dict[str, Any]:
+        return {"status": "ok", "models": {
+            r.model: ({"route": "local", "queued": gateway.local[r.model].queued} if r.local is not None
+                      else {"route": "upstream", "litellm_model": r.upstream.litellm_model if r.upstream else None})
+            for r in gateway.policy.routes}}
+
+    return app

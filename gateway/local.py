@@ -1,0 +1,146 @@
+"""A local route's engine behind a bounded queue, served by one worker thread.
+
+The engine decodes one request at a time (the model is in this process). Requests are prepared
+(rendered, constrained, checked: every 400 happens here) on a thread of their own, then queued; the
+worker runs them in order and hands text deltas back to the request's event loop. A full queue is
+refused at once (429 with Retry-After); a request past its deadline, or whose client went away, is
+cancelled between two decode steps, and the worker moves on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from decoding.chat_engine import ChatEngine, ChatRequest, PreparedChat
+from decoding.generate import GenerationResult
+from decoding.structured import ChatOutput
+
+log = logging.getLogger(__name__)
+
+
+class QueueFullError(Exception):
+    """Every slot of a route's queue is taken."""
+
+    code = "queue_full"
+
+    def __init__(self, model: str, retry_after_s: int) -> None:
+        super().__init__(f"the local engine for {model!r} is busy: its queue is full; retry in {retry_after_s} s")
+        self.retry_after_s = retry_after_s
+        self.param = None
+
+
+class RequestTimeoutError(Exception):
+    """A request that did not finish within the route's request timeout (queue wait included)."""
+
+    code = "request_timeout"
+
+    def __init__(self, timeout_s: float) -> None:
+        super().__init__(f"the request did not complete within {timeout_s:g} s")
+        self.param = None
+
+
+@dataclass
+class Done:
+    output: ChatOutput
+    result: GenerationResult
+    queued_s: float
+
+
+@dataclass
+class Job:
+    prepared: PreparedChat
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue[str | Done | BaseException] = field(default_factory=asyncio.Queue)
+    cancelled: threading.Event = field(default_factory=threading.Event)
+    enqueued_at: float = field(default_factory=time.perf_counter)
+
+    def emit(self, item: str | Done | BaseException) -> None:
+        self.loop.call_soon_threadsafe(self.events.put_nowait, item)
+
+
+class LocalModel:
+    """One route's `ChatEngine`, its queue and its worker."""
+
+    def __init__(self, name: str, chat: ChatEngine, max_queue: int, timeout_s: float) -> None:
+        self.name = name
+        self.chat = chat
+        self.timeout_s = timeout_s
+        self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
+        self._recent_s = 5.0  # a running estimate of one request's service time, for Retry-After
+        self._worker = threading.Thread(target=self._work, name=f"engine-{name}", daemon=True)
+        self._worker.start()
+
+    @property
+    def queued(self) -> int:
+        return self._queue.qsize()
+
+    async def prepare(self, request: ChatRequest) -> PreparedChat:
+        return await asyncio.to_thread(self.chat.prepare, request)
+
+    def submit(self, prepared: PreparedChat) -> Job:
+        job = Job(prepared, asyncio.get_running_loop())
+        try:
+            self._queue.put_nowait(job)
+        except queue.Full:
+            raise QueueFullError(self.name, max(1, round(self._recent_s * self._queue.maxsize / 2))) from None
+        return job
+
+    async def events(self, job: Job, heartbeat_s: float = 1.0) -> AsyncIterator[str | Done | None]:
+        """The job's text deltas, then its `Done`; None after each `heartbeat_s` without news (while
+        queued, say), so the caller can check on its client. Cancels the job if the caller stops."""
+        deadline = job.enqueued_at + self.timeout_s
+        try:
+            while True:
+                remaining = deadline - time.perf_counter()
+                if remaining <= 0:
+                    raise RequestTimeoutError(self.timeout_s)
+                try:
+                    item = await asyncio.wait_for(job.events.get(), min(remaining, heartbeat_s))
+                except TimeoutError:
+                    yield None
+                    continue
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+                if isinstance(item, Done):
+                    return
+        finally:
+            job.cancelled.set()  # a no-op once done; otherwise the worker stops at its next step
+
+    def close(self) -> None:
+        self._queue.put(None)
+
+    def _work(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            if job.cancelled.is_set():
+                continue
+            started = time.perf_counter()
+            try:
+                self._run(job, started)
+            except Exception as exc:  # the request's error, delivered to it; the worker lives on
+                log.exception("local generation failed")
+                job.emit(exc)
+            self._recent_s = 0.8 * self._recent_s + 0.2 * (time.perf_counter() - started)
+
+    def _run(self, job: Job, started: float) -> None:
+        generation = job.prepared.start()
+        try:
+            for delta in generation:
+                if job.cancelled.is_set():
+                    return
+                job.emit(delta)
+        finally:
+            generation.close()
+        result = generation.result
+        if job.cancelled.is_set():
+            return
+        job.emit(Done(job.prepared.finish(result), result, started - job.enqueued_at))

@@ -1,0 +1,157 @@
+"""The Chat Completions request, parsed and checked before anything is routed (CONVENTIONS.md B1).
+
+Types are checked strictly (a string where a number belongs is a 400 naming the field), unknown fields
+are refused, and fields draftgate cannot honour (`n` > 1, `logprobs`, penalties, `logit_bias`, audio,
+...) are refused by name when set to anything but their no-op value: never silently ignored.
+Messages, tools, tool_choice and response_format are checked by `decoding` (chat.py, tools.py,
+structured.py), which names the offending field the same way.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from decoding.errors import InvalidRequestError
+
+
+class RequestError(InvalidRequestError):
+    """A request body at fault; `code` says how (invalid_json, unknown_parameter, invalid_type, ...)."""
+
+    def __init__(self, message: str, param: str | None, code: str) -> None:
+        super().__init__(message, param=param)
+        self.code = code
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    include_usage: bool | None = None
+    include_obfuscation: bool | None = None
+
+
+class ChatCompletionRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    model: str = Field(min_length=1)
+    messages: list[dict[str, Any]] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=0)
+    max_tokens: int | None = Field(default=None, ge=0)  # deprecated alias of max_completion_tokens
+    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
+    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_k: int | None = Field(default=None, ge=0)  # an extension (vLLM's name)
+    seed: int | None = None
+    stop: str | list[str] | None = None
+    stream: bool | None = None
+    stream_options: StreamOptions | None = None
+    tools: list[Any] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    response_format: dict[str, Any] | None = None
+    user: str | None = None
+    metadata: dict[str, str] | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    service_tier: Literal["auto", "default"] | None = None
+    speculative: bool | None = None  # draftgate extension: false turns speculation off for this request
+    # accepted only at their no-op values (checked in `unsupported`)
+    n: int | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    presence_penalty: float | None = None
+    frequency_penalty: float | None = None
+    logit_bias: dict[str, Any] | None = None
+    store: bool | None = None
+    reasoning_effort: str | None = None
+    verbosity: str | None = None
+    modalities: list[str] | None = None
+    audio: dict[str, Any] | None = None
+    prediction: dict[str, Any] | None = None
+    web_search_options: dict[str, Any] | None = None
+    functions: list[Any] | None = None
+    function_call: str | dict[str, Any] | None = None
+
+    @property
+    def max_new_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def stop_sequences(self) -> tuple[str, ...]:
+        if self.stop is None:
+            return ()
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+    def passthrough(self) -> dict[str, Any]:
+        """The OpenAI fields that were set, for an upstream provider (draftgate's own extensions left out)."""
+        return self.model_dump(exclude_none=True, exclude={"speculative", "top_k", "model", "messages"})
+
+
+# field -> (is its value a no-op?, why draftgate cannot honour anything else)
+_UNSUPPORTED: dict[str, tuple[Any, str]] = {
+    "n": (lambda v: v in (None, 1), "only n = 1 is supported"),
+    "logprobs": (lambda v: not v, "logprobs are not returned by this gateway"),
+    "top_logprobs": (lambda v: not v, "logprobs are not returned by this gateway"),
+    "presence_penalty": (lambda v: not v, "penalties are not supported (they would change the target's distribution)"),
+    "frequency_penalty": (lambda v: not v, "penalties are not supported (they would change the target's distribution)"),
+    "logit_bias": (lambda v: not v, "logit_bias is not supported"),
+    "store": (lambda v: not v, "draftgate does not store completions"),
+    "reasoning_effort": (lambda v: v is None, "the served models do not reason"),
+    "verbosity": (lambda v: v is None, "verbosity is not supported"),
+    "modalities": (lambda v: v in (None, ["text"]), "only text output is supported"),
+    "audio": (lambda v: v is None, "audio output is not supported"),
+    "prediction": (lambda v: v is None, "predicted outputs are not supported"),
+    "web_search_options": (lambda v: v is None, "web search is not supported"),
+    "functions": (lambda v: v is None, "the deprecated 'functions' is not supported: use 'tools'"),
+    "function_call": (lambda v: v is None, "the deprecated 'function_call' is not supported: use 'tool_choice'"),
+}
+
+
+def unsupported(request: ChatCompletionRequest) -> RequestError | None:
+    """The first field set to a value draftgate cannot honour, as an error naming it."""
+    for name, (is_no_op, why) in _UNSUPPORTED.items():
+        value = getattr(request, name)
+        if not is_no_op(value):
+            return RequestError(f"'{name}' = {json.dumps(value)} cannot be honoured: {why}", name,
+                                "unsupported_parameter")
+    if isinstance(request.stop, list) and len(request.stop) > 4:
+        return RequestError("'stop' takes at most 4 sequences", "stop", "invalid_value")
+    return None
+
+
+def _param(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out
+
+
+def parse_request(body: bytes) -> ChatCompletionRequest:
+    """The request in `body`, or a RequestError naming the first field at fault."""
+    try:
+        raw = json.loads(body)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RequestError(f"the request body is not valid JSON: {exc}", None, "invalid_json") from exc
+    if not isinstance(raw, dict):
+        raise RequestError("the request body must be a JSON object", None, "invalid_json")
+    try:
+        request = ChatCompletionRequest.model_validate(raw)
+    except ValidationError as exc:
+        error = exc.errors()[0]
+        param = _param(tuple(error["loc"]))
+        kind = error["type"]
+        if kind == "extra_forbidden":
+            raise RequestError(f"unknown parameter '{param}'", param, "unknown_parameter") from exc
+        if kind == "missing":
+            raise RequestError(f"missing required parameter '{param}'", param, "missing_required_parameter") from exc
+        given = json.dumps(error.get("input"), default=str)[:80]
+        raise RequestError(f"'{param}': {error['msg'].lower()} (got {given})", param, "invalid_type"
+                           if kind.endswith("_type") or kind.startswith("literal") else "invalid_value") from exc
+    problem = unsupported(request)
+    if problem is not None:
+        raise problem
+    return request

@@ -1,0 +1,40 @@
+"""`draftgate serve`: load the policy's models, then serve the OpenAI API with one uvicorn worker
+(the model lives in the process, so more workers would each load it and share nothing)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from gateway.app import create_app
+from gateway.state import GatewayState
+from policies.loader import load_policy
+
+log = logging.getLogger(__name__)
+
+
+def serve(policy_path: str | None, host: str, port: int) -> int:
+    import uvicorn
+
+    policy = load_policy(policy_path)
+    print(f"draftgate: loading {', '.join(r.model for r in policy.routes)} ...", file=sys.stderr, flush=True)
+    state = GatewayState.build(policy)
+    if state.keys.dev:
+        print("draftgate: dev mode: no API key configured, any key is accepted", file=sys.stderr)
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    config = uvicorn.Config(create_app(policy, state), host=host, port=port, workers=1, log_level="warning",
+                            timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
+
+    original_startup = server.startup
+
+    async def startup(sockets: object = None) -> None:
+        await original_startup(sockets)  # type: ignore[arg-type]
+        if server.started:
+            models = ", ".join(r.model for r in policy.routes)
+            print(f"draftgate: serving {models} at http://{shown}:{port}/v1  (OpenAI base URL; "
+                  f"try: curl http://{shown}:{port}/v1/models)", file=sys.stderr, flush=True)
+
+    server.startup = startup  # type: ignore[method-assign]
+    server.run()
+    return 0

@@ -1,0 +1,48 @@
+"""Everything a running gateway holds, built from its policy: one object, kept on `app.state.gateway`."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+from decoding.build import build_engine
+from decoding.chat_engine import ChatEngine, ConstraintOptions
+from decoding.tokenizer import cache_root
+from gateway.auth import KeyCheck
+from gateway.local import LocalModel
+from policies.model import LocalRoute, Policy
+
+log = logging.getLogger(__name__)
+
+
+def local_model(name: str, route: LocalRoute, policy: Policy) -> LocalModel:
+    """Load a local route's target (and draft), ready to serve."""
+    engine = build_engine(route.target, tuple(route.drafters), route.draft, route.dtype,
+                          route.speculative.max_draft_tokens)
+    c = route.constraints
+    options = ConstraintOptions(backend=c.backend, allow_validate_after=c.allow_validate_after, bounds=c.bounds,
+                                compile_timeout_s=c.compile_timeout_s, cache_dir=cache_root() / "outlines")
+    return LocalModel(name, ChatEngine(engine, options), policy.server.max_queue, policy.server.request_timeout_s)
+
+
+@dataclass
+class GatewayState:
+    policy: Policy
+    keys: KeyCheck
+    local: dict[str, LocalModel] = field(default_factory=dict)
+    started: int = field(default_factory=lambda: int(time.time()))
+
+    @classmethod
+    def build(cls, policy: Policy) -> GatewayState:
+        state = cls(policy, KeyCheck.from_policy(policy.auth))
+        for route in policy.routes:
+            if route.local is not None:
+                started = time.perf_counter()
+                state.local[route.model] = local_model(route.model, route.local, policy)
+                log.info("loaded %s in %.1f s", route.model, time.perf_counter() - started)
+        return state
+
+    def close(self) -> None:
+        for model in self.local.values():
+            model.close()
