@@ -28,6 +28,13 @@ def error_response(error: ApiError) -> JSONResponse:
     return JSONResponse(error.body(), status_code=error.status, headers=error.headers)
 
 
+def failure(exc: Exception) -> JSONResponse:
+    error = to_api_error(exc)
+    if error.status >= 500:
+        log.error("request failed: %s", exc, exc_info=exc if error.code == "internal_error" else None)
+    return error_response(error)
+
+
 def create_app(policy: Policy, state: GatewayState | None = None) -> FastAPI:
     """The gateway for `policy`; loads every local route's model unless a built `state` is given."""
     gateway = state or GatewayState.build(policy)
@@ -40,13 +47,6 @@ def create_app(policy: Policy, state: GatewayState | None = None) -> FastAPI:
     app = FastAPI(title="draftgate", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.gateway = gateway
 
-    @app.exception_handler(Exception)
-    async def any_error(_: Request, exc: Exception) -> JSONResponse:
-        error = to_api_error(exc)
-        if error.status >= 500:
-            log.error("request failed: %s", exc, exc_info=exc if error.code == "internal_error" else None)
-        return error_response(error)
-
     @app.exception_handler(StarletteHTTPException)
     async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
@@ -54,6 +54,12 @@ def create_app(policy: Policy, state: GatewayState | None = None) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat(request: Request) -> Response:
+        try:
+            return await _chat(request)
+        except Exception as exc:  # the one place errors become responses (a handler would re-raise them)
+            return failure(exc)
+
+    async def _chat(request: Request) -> Response:
         gateway.keys.check(request.headers.get("authorization"))
         limit = gateway.policy.server.max_body_bytes
         declared = int(request.headers.get("content-length") or 0)
@@ -65,12 +71,15 @@ def create_app(policy: Policy, state: GatewayState | None = None) -> FastAPI:
         return await chat_completions(gateway, parse_request(body), request)
 
     @app.get("/v1/models")
-    async def models(request: Request) -> dict[str, Any]:
-        gateway.keys.check(request.headers.get("authorization"))
-        return {"object": "list", "data": [
+    async def models(request: Request) -> Response:
+        try:
+            gateway.keys.check(request.headers.get("authorization"))
+        except Exception as exc:
+            return failure(exc)
+        return JSONResponse({"object": "list", "data": [
             {"id": r.model, "object": "model", "created": gateway.started,
              "owned_by": "draftgate" if r.local is not None else "upstream"}
-            for r in gateway.policy.routes]}
+            for r in gateway.policy.routes]})
 
     @app.get("/health")
     @app.get("/healthz")

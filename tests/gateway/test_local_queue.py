@@ -1,0 +1,111 @@
+"""The local engine's queue on a tiny model: order, no mixing, 429 when full, timeouts, cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import torch
+
+from decoding.chat_engine import ChatEngine, PreparedChat
+from decoding.generate import Engine, GenerationConfig
+from decoding.loading import LoadedModel
+from decoding.structured import OutputPlan
+from gateway.local import Done, LocalModel, QueueFullError, RequestTimeoutError
+from tests.conftest import TinyFactory, tiny_args, tiny_transformer, word_tokenizer
+
+ENDLESS = 90_000  # tokens: minutes of decoding, so only a cancelled job lets the next one run in time
+
+
+def long_context_model() -> LoadedModel:
+    model = tiny_transformer(tiny_args(16, max_seq_len=ENDLESS + 16), 0, torch.float32, 3.0)
+    return LoadedModel("tiny", "tiny-long", model, word_tokenizer(16))
+
+
+def prepared(engine: Engine, prompt: list[int], tokens: int) -> PreparedChat:
+    config = GenerationConfig(max_new_tokens=tokens, ignore_eos=True, speculative=False)
+    return PreparedChat(prompt, config, OutputPlan(None), engine)
+
+
+async def collect(local: LocalModel, job: object) -> tuple[str, Done]:
+    text = ""
+    async for item in local.events(job, heartbeat_s=0.05):  # type: ignore[arg-type]
+        if isinstance(item, str):
+            text += item
+        elif isinstance(item, Done):
+            return text, item
+    raise AssertionError("no Done")
+
+
+def test_concurrent_jobs_each_get_their_own_text(tiny_model: TinyFactory) -> None:
+    target = tiny_model(vocab_size=16, dtype=torch.float32)
+    engine = Engine(target)
+    prompts = [[0, 3 + i, 5 + i % 3] for i in range(8)]
+    alone = [engine.complete(p, prepared(engine, p, 12).config).text for p in prompts]
+    local = LocalModel("tiny", ChatEngine(engine), max_queue=8, timeout_s=60)
+
+    async def main() -> list[str]:
+        jobs = [local.submit(prepared(engine, p, 12)) for p in prompts]
+        results = await asyncio.gather(*(collect(local, j) for j in jobs))
+        for text, done in results:
+            assert text == done.result.text  # the deltas add up to the final text
+        return [text for text, _ in results]
+
+    assert asyncio.run(main()) == alone
+    local.close()
+
+
+def test_a_full_queue_is_refused_with_a_retry_time(tiny_model: TinyFactory) -> None:
+    target = tiny_model(vocab_size=16, dtype=torch.float32)
+    engine = Engine(target)
+    local = LocalModel("tiny", ChatEngine(engine), max_queue=2, timeout_s=60)
+
+    async def main() -> QueueFullError:
+        jobs = []
+        with pytest.raises(QueueFullError) as info:
+            for _ in range(50):  # one runs, two wait: the queue fills long before 50
+                jobs.append(local.submit(prepared(engine, [0, 3], 200)))
+        for job in jobs:
+            job.cancelled.set()
+        return info.value
+
+    error = asyncio.run(main())
+    assert error.retry_after_s >= 1 and "queue is full" in str(error)
+    local.close()
+
+
+def test_a_request_past_its_timeout_is_cancelled_and_the_worker_moves_on() -> None:
+    engine = Engine(long_context_model())
+    local = LocalModel("tiny", ChatEngine(engine), max_queue=4, timeout_s=0.5)
+
+    async def main() -> int:
+        slow = local.submit(prepared(engine, [0, 3], ENDLESS))
+        with pytest.raises(RequestTimeoutError):
+            await collect(local, slow)
+        _, done = await collect(local, local.submit(prepared(engine, [0, 4], 5)))  # within its own 0.5 s
+        return done.result.completion_tokens
+
+    assert asyncio.run(main()) == 5
+    local.close()
+
+
+def test_a_listener_that_leaves_cancels_its_generation() -> None:
+    engine = Engine(long_context_model())
+    local = LocalModel("tiny", ChatEngine(engine), max_queue=4, timeout_s=20)
+
+    async def main() -> int:
+        job = local.submit(prepared(engine, [0, 3], ENDLESS))
+        events = local.events(job, heartbeat_s=0.05)
+        async for item in events:
+            if isinstance(item, str):
+                break
+        await events.aclose()  # what a disconnected client's stream does
+        assert job.cancelled.is_set()
+        started = time.perf_counter()
+        _, done = await collect(local, local.submit(prepared(engine, [0, 4], 5)))  # times out unless cancelled
+        assert time.perf_counter() - started < 20
+        return done.result.completion_tokens
+
+    assert asyncio.run(main()) == 5
+    local.close()
