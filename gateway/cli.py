@@ -88,6 +88,8 @@ def _generate(args: argparse.Namespace) -> int:
 def _bench(args: argparse.Namespace) -> int:
     from decoding.bench.runner import BenchOptions, run_bench
 
+    if args.gateway:
+        return _bench_gateway(args)
     options = BenchOptions(
         quick=args.quick,
         max_new_tokens=args.max_tokens or (64 if args.quick else 128),
@@ -103,6 +105,20 @@ def _bench(args: argparse.Namespace) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report.to_dict(), f, indent=2)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _bench_gateway(args: argparse.Namespace) -> int:
+    from gateway.bench import GatewayBenchOptions, run_gateway_bench, table
+
+    options = GatewayBenchOptions(policy=args.policy, quick=args.quick, max_new_tokens=args.max_tokens or 64,
+                                  requests=args.requests)
+    report = run_gateway_bench(options)
+    print(table(report))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(report, f, indent=2)
         print(f"wrote {args.json}")
     return 0
 
@@ -186,6 +202,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the draft for the draft rows: a draft head or a draft model (default: the shipped one)")
     bench.add_argument("--no-draft", action="store_true", help="no draft rows")
     bench.add_argument("--no-hf", action="store_true", help="skip the HF transformers baselines")
+    bench.add_argument("--gateway", action="store_true",
+                       help="bench the HTTP gateway instead: its overhead, and speculation on vs off through the API")
+    bench.add_argument("--policy", default=None, metavar="FILE", help="policy for --gateway (default: the shipped one)")
+    bench.add_argument("--requests", type=int, default=40, help="one-token requests for the --gateway overhead")
     bench.set_defaults(func=_bench)
 
     dist = sub.add_parser("distill", help="train a draft head for a target from the target's own generations")

@@ -5,6 +5,6 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 if [ $# -eq 0 ]; then
-  set -- generate --stream "List three things an AI agent gateway should do, one line each."
+  set -- serve
 fi
 exec .venv/bin/draftgate "$@"

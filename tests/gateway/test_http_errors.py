@@ -1,0 +1,114 @@
+"""Bad requests over real HTTP get precise OpenAI envelopes; overload gets 429 with Retry-After; a client
+that disconnects frees the engine."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.gateway.conftest import KEY
+
+pytestmark = pytest.mark.slow
+
+AUTH = {"Authorization": f"Bearer {KEY}"}
+OK: dict[str, Any] = {"model": "smollm2-135m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4}
+
+
+def post(url: str, body: Any, headers: dict[str, str] | None = None, raw: bytes | None = None) -> httpx.Response:
+    headers = AUTH if headers is None else headers
+    if raw is not None:
+        return httpx.post(f"{url}/chat/completions", content=raw, headers={**headers, "content-type":
+                          "application/json"}, timeout=120)
+    return httpx.post(f"{url}/chat/completions", json=body, headers=headers, timeout=120)
+
+
+def envelope(response: httpx.Response) -> dict[str, Any]:
+    body = response.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
+    error: dict[str, Any] = body["error"]
+    return error
+
+
+@pytest.mark.parametrize(("body", "status", "code", "param"), [
+    ({**OK, "temperature": "hot"}, 400, "invalid_type", "temperature"),
+    ({**OK, "max_tokens": -3}, 400, "invalid_value", "max_tokens"),
+    ({**OK, "n": 2}, 400, "unsupported_parameter", "n"),
+    ({**OK, "logprobs": True}, 400, "unsupported_parameter", "logprobs"),
+    ({**OK, "frobnicate": 1}, 400, "unknown_parameter", "frobnicate"),
+    ({"messages": OK["messages"]}, 400, "missing_required_parameter", "model"),
+    ({**OK, "messages": [{"role": "wizard", "content": "x"}]}, 400, "invalid_messages", "messages[0].role"),
+    ({**OK, "model": "gpt-9"}, 404, "model_not_found", "model"),
+    ({**OK, "messages": [{"role": "user", "content": "word " * 9000}]}, 400, "context_length_exceeded", None),
+    ({**OK, "tools": [{"type": "function", "function": {"name": "bad name!", "parameters": {}}}]}, 400,
+     "invalid_tools", None),
+    ({**OK, "response_format": {"type": "json_schema", "json_schema": {"name": "p", "strict": True, "schema": {
+        "type": "object", "properties": {"age": {"type": "integer", "minimum": 0}}}}}}, 400,
+     "unsupported_schema_keyword", "response_format.json_schema.schema"),
+])
+def test_bad_requests_get_precise_errors(gateway_url: str, body: dict[str, Any], status: int, code: str,
+                                         param: str | None) -> None:
+    response = post(gateway_url, body)
+    assert response.status_code == status, response.text
+    error = envelope(response)
+    assert error["code"] == code
+    if param is not None:
+        assert error["param"] == param
+    assert "Traceback" not in error["message"]
+
+
+def test_malformed_json_is_a_400(gateway_url: str) -> None:
+    response = post(gateway_url, None, raw=b'{"model": "smollm2-135m", "messages": [')
+    assert response.status_code == 400 and envelope(response)["code"] == "invalid_json"
+
+
+def test_keys_are_required_and_checked(gateway_url: str) -> None:
+    assert post(gateway_url, OK, headers={}).status_code == 401
+    wrong = post(gateway_url, OK, headers={"Authorization": "Bearer sk-wrong"})
+    assert wrong.status_code == 401 and envelope(wrong)["code"] == "invalid_api_key"
+    assert httpx.get(f"{gateway_url}/models", timeout=10).status_code == 401
+    models = httpx.get(f"{gateway_url}/models", headers=AUTH, timeout=10).json()
+    assert models["object"] == "list" and {m["id"] for m in models["data"]} == {"smollm2-135m", "remote-smollm"}
+
+
+def test_health_and_unknown_paths(gateway_url: str) -> None:
+    root = gateway_url.removesuffix("/v1")
+    health = httpx.get(f"{root}/health", timeout=10).json()
+    assert health["status"] == "ok" and health["models"]["smollm2-135m"]["route"] == "local"
+    missing = httpx.get(f"{root}/v1/nothing-here", timeout=10)
+    assert missing.status_code == 404 and envelope(missing)["code"] == "not_found"
+
+
+def test_a_full_queue_answers_429_with_retry_after(upstream_url: str) -> None:
+    """The upstream server queues one request: of four long ones sent at once, some are refused."""
+    long = {"model": "smollm2-135m", "max_tokens": 200, "temperature": 0,
+            "messages": [{"role": "user", "content": "Count from 1 to 300, separated by commas."}]}
+
+    async def main() -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=300) as client:
+            return list(await asyncio.gather(*(client.post(f"{upstream_url}/chat/completions", json=long)
+                                               for _ in range(4))))
+
+    responses = asyncio.run(main())
+    refused = [r for r in responses if r.status_code == 429]
+    assert refused and any(r.status_code == 200 for r in responses)
+    assert all(int(r.headers["retry-after"]) >= 1 and envelope(r)["code"] == "queue_full" for r in refused)
+
+
+def test_a_client_that_disconnects_frees_the_engine(gateway_url: str) -> None:
+    """A stream of 600 tokens (~25 s of decoding) dropped after a few chunks: the next request waits for
+    nothing, which it would if the dropped generation were still running."""
+    long = {"model": "smollm2-135m", "max_tokens": 600, "temperature": 0, "stream": True,
+            "messages": [{"role": "user", "content": "Count from 1 to 1000, separated by commas."}]}
+    with httpx.stream("POST", f"{gateway_url}/chat/completions", json=long, headers=AUTH, timeout=60) as r:
+        lines = 0
+        for line in r.iter_lines():
+            lines += line.startswith("data:")
+            if lines >= 4:
+                break
+    time.sleep(0.5)
+    after = post(gateway_url, {**OK, "max_tokens": 2})
+    assert after.status_code == 200 and after.json()["draftgate"]["queue_s"] < 5.0

@@ -1,0 +1,60 @@
+"""Request parsing alone (no model): fields read, every fault named with its code."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from gateway.protocol import RequestError, parse_request
+
+BASE: dict[str, Any] = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+
+
+def parse(**fields: Any) -> Any:
+    return parse_request(json.dumps({**BASE, **fields}).encode())
+
+
+def test_fields_are_read_with_their_defaults_and_aliases() -> None:
+    r = parse(max_tokens=7, stop="END", stream=True, stream_options={"include_usage": True}, seed=3)
+    assert r.max_new_tokens == 7 and r.stop_sequences == ("END",) and r.include_usage and r.seed == 3
+    assert parse(max_completion_tokens=5, max_tokens=9).max_new_tokens == 5  # the current name wins
+    plain = parse()
+    assert plain.max_new_tokens is None and plain.stop_sequences == () and not plain.include_usage
+
+
+def test_no_op_values_of_unsupported_fields_are_accepted() -> None:
+    r = parse(n=1, logprobs=False, presence_penalty=0, frequency_penalty=0.0, logit_bias={}, store=False,
+              modalities=["text"])
+    assert r.n == 1
+
+
+def test_passthrough_keeps_openai_fields_only() -> None:
+    r = parse(temperature=0.2, speculative=False, top_k=5, tools=[{"type": "function"}])
+    assert r.passthrough() == {"temperature": 0.2, "tools": [{"type": "function"}]}
+
+
+@pytest.mark.parametrize(("body", "code", "param"), [
+    (b"{not json", "invalid_json", None),
+    (b"[1, 2]", "invalid_json", None),
+    (json.dumps({"messages": BASE["messages"]}).encode(), "missing_required_parameter", "model"),
+    (json.dumps({**BASE, "messages": []}).encode(), "invalid_value", "messages"),
+    (json.dumps({**BASE, "temperature": "0.5"}).encode(), "invalid_type", "temperature"),
+    (json.dumps({**BASE, "temperature": 3}).encode(), "invalid_value", "temperature"),
+    (json.dumps({**BASE, "stream": "yes"}).encode(), "invalid_type", "stream"),
+    (json.dumps({**BASE, "stream_options": {"include_usage": 1}}).encode(), "invalid_type",
+     "stream_options.include_usage"),
+    (json.dumps({**BASE, "stream_options": {"extra": True}}).encode(), "unknown_parameter", "stream_options.extra"),
+    (json.dumps({**BASE, "messages": ["hi"]}).encode(), "invalid_type", "messages[0]"),
+    (json.dumps({**BASE, "n": 3}).encode(), "unsupported_parameter", "n"),
+    (json.dumps({**BASE, "presence_penalty": 0.5}).encode(), "unsupported_parameter", "presence_penalty"),
+    (json.dumps({**BASE, "functions": []}).encode(), "unsupported_parameter", "functions"),
+    (json.dumps({**BASE, "stop": ["a", "b", "c", "d", "e"]}).encode(), "invalid_value", "stop"),
+    (json.dumps({**BASE, "service_tier": "flex"}).encode(), "invalid_type", "service_tier"),
+    (json.dumps({**BASE, "mystery": 1}).encode(), "unknown_parameter", "mystery"),
+])
+def test_faults_are_named(body: bytes, code: str, param: str | None) -> None:
+    with pytest.raises(RequestError) as info:
+        parse_request(body)
+    assert info.value.code == code and info.value.param == param
