@@ -11,8 +11,9 @@ import torch
 from decoding.adaptive import DraftLength
 from decoding.constraints.base import Grammar
 from decoding.drafters.base import Drafter, Proposal
+from decoding.drafters.chain import draft_chain
 from decoding.model import Transformer
-from decoding.sampling import SamplingParams, processed_probs
+from decoding.sampling import SamplingParams
 
 
 def common_prefix_length(a: list[int], b: list[int], hint: int = 0) -> int:
@@ -64,29 +65,13 @@ class DraftModelDrafter(Drafter):
         logits = self.model(torch.tensor(context[start:]), start, last_only=True)[-1]  # [V]
         self._cached = list(context)
         self._committed = len(context)
-        tokens: list[int] = []
-        rows: list[torch.Tensor] = []
-        for i in range(k):
-            # the grammar's mask shapes q exactly as it shapes the target's p
-            allowed = grammar.allowed_mask() if grammar is not None else None  # [V]
-            if params.greedy:
-                masked = logits if allowed is None else logits.masked_fill(~allowed, float("-inf"))
-                token = int(masked.argmax().item())
-            else:
-                mask = None if allowed is None else allowed.unsqueeze(0)
-                q = processed_probs(logits.unsqueeze(0), params, mask)[0]  # [V]
-                token = int(torch.multinomial(q, 1, generator=generator).item())
-                rows.append(q)
-            tokens.append(token)
-            if grammar is not None:
-                grammar.accept(token)
-            if i + 1 < k:
-                logits = self.model(torch.tensor([token]), len(self._cached), last_only=True)[-1]
-                self._cached.append(token)
-        if grammar is not None:
-            grammar.rollback(len(tokens))
-        probs = torch.stack(rows) if rows else None  # [k, V]
-        return Proposal(tokens=tokens, probs=probs, sources=[self.name] * k, model_drafted=k)
+
+        def step(token: int, _: int) -> torch.Tensor:
+            out = self.model(torch.tensor([token]), len(self._cached), last_only=True)[-1]  # [V]
+            self._cached.append(token)
+            return out
+
+        return draft_chain(self.name, logits, k, params, generator, grammar, step)
 
     def observe(self, num_proposed: int, num_accepted: int) -> None:
         self.length.update(num_proposed, num_accepted)

@@ -14,8 +14,9 @@ from decoding.adaptive import DraftLength
 from decoding.constraints.base import Grammar
 from decoding.draft_head import DraftHead
 from decoding.drafters.base import Drafter, Proposal
+from decoding.drafters.chain import draft_chain
 from decoding.drafters.draft_model import common_prefix_length
-from decoding.sampling import SamplingParams, processed_probs
+from decoding.sampling import SamplingParams
 
 
 class HeadDrafter(Drafter):
@@ -88,33 +89,19 @@ class HeadDrafter(Drafter):
         while pos < last:
             out, lg = self.head.step(ctx[pos + 1 : pos + 2], feature, pos)
             feature, logits, pos = out, lg[-1], pos + 1
-        tokens: list[int] = []
-        rows: list[torch.Tensor] = []
-        for i in range(k):
-            assert logits is not None and feature is not None
-            full = torch.full((self.head.config.target_vocab_size,), float("-inf"))  # [V]
-            full[self.head.vocab] = logits
-            allowed = grammar.allowed_mask() if grammar is not None else None  # [V]
-            if allowed is not None:
-                if not bool((allowed & self._in_vocab).any()):
-                    break  # the grammar wants a token the head cannot emit
-                full = full.masked_fill(~allowed, float("-inf"))
-            if params.greedy:
-                token = int(full.argmax().item())
-            else:
-                q = processed_probs(full.unsqueeze(0), params, None)[0]  # [V]
-                token = int(torch.multinomial(q, 1, generator=generator).item())
-                rows.append(q)
-            tokens.append(token)
-            if grammar is not None:
-                grammar.accept(token)
-            if i + 1 < k:
-                out, lg = self.head.step(torch.tensor([token]), feature, last + i)
-                feature, logits = out, lg[-1]
-        if grammar is not None:
-            grammar.rollback(len(tokens))
-        probs = torch.stack(rows) if rows else None  # [k, V]
-        return Proposal(tokens=tokens, probs=probs, sources=[self.name] * len(tokens), model_drafted=len(tokens))
+        assert logits is not None
+
+        def full(head_logits: torch.Tensor) -> torch.Tensor:
+            out = torch.full((self.head.config.target_vocab_size,), float("-inf"))  # [V]
+            out[self.head.vocab] = head_logits  # q is 0 outside the head's vocabulary
+            return out
+
+        def step(token: int, i: int) -> torch.Tensor:
+            nonlocal feature  # each draft reads the feature the head predicted for the one before
+            feature, lg = self.head.step(torch.tensor([token]), feature, last + i)
+            return full(lg[-1])
+
+        return draft_chain(self.name, full(logits), k, params, generator, grammar, step, self._in_vocab)
 
     def observe(self, num_proposed: int, num_accepted: int) -> None:
         self.length.update(num_proposed, num_accepted)
