@@ -15,7 +15,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gateway.chat import chat_completions
+from gateway.chat import ClientGone, chat_completions
 from gateway.errors import ApiError, BodyTooLargeError, to_api_error
 from gateway.protocol import parse_request
 from gateway.state import GatewayState
@@ -56,6 +56,8 @@ def create_app(policy: Policy, state: GatewayState | None = None) -> FastAPI:
     async def chat(request: Request) -> Response:
         try:
             return await _chat(request)
+        except ClientGone:
+            return Response(status_code=499)  # nobody is listening; nginx's "client closed request"
         except Exception as exc:  # the one place errors become responses (a handler would re-raise them)
             return failure(exc)
 

@@ -73,3 +73,27 @@ def test_broken_yaml_and_missing_files(tmp_path: Path) -> None:
         load_policy(tmp_path / "missing.yaml")
     with pytest.raises(PolicyError, match="empty"):
         parse_policy("", "empty.yaml")
+
+
+def test_server_and_auth_sections(tmp_path: Path) -> None:
+    path = tmp_path / "policy.yaml"
+    path.write_text(GOOD.replace("version: 1\n", "version: 1\nauth: {keys: [sk-a], dev: false}\n"
+                                                 "server: {max_queue: 3, request_timeout_s: 30}\n"))
+    policy = load_policy(path)
+    assert policy.auth.keys == ["sk-a"] and not policy.auth.dev and policy.auth.keys_env == "DRAFTGATE_API_KEYS"
+    assert policy.server.max_queue == 3 and policy.server.request_timeout_s == 30.0
+    assert load_policy().auth.dev  # the shipped policy is in dev mode
+
+
+@pytest.mark.parametrize(("section", "key", "message"), [
+    ("server: {max_queue: 0}", "server", "max_queue must be >= 1"),
+    ("server: {request_timeout: 5}", "server.request_timeout", "unknown key"),
+    ("auth: {keys: sk-a}", "auth.keys", "must be a list"),
+    ("auth: {dev: yes please}", "auth.dev", "must be a bool"),
+])
+def test_server_and_auth_mistakes_are_named(tmp_path: Path, section: str, key: str, message: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(GOOD.replace("version: 1\n", f"version: 1\n{section}\n"))
+    with pytest.raises(PolicyError) as err:
+        load_policy(path)
+    assert err.value.line == 2 and err.value.key == key and message in str(err.value)
