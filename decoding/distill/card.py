@@ -18,7 +18,10 @@ def card_markdown(card: dict[str, Any], title: str) -> str:
         f"held out), the target's own generations on prompts written by the project (categories: "
         f"{', '.join(data['categories'])}); {data['train_generated_tokens']} generated training tokens; "
         f"{data['stage_one']} + {data['stage_two']} prompts, up to {data['max_new_tokens']} new tokens each, "
-        f"{data['sampled_share']:.0%} sampled at T=0.7, seed {data['seed']}",
+        f"{data['sampled_share']:.0%} sampled at T=0.7, seed {data['seed']}"
+        + (f"; plus {data['text_sequences']} standard-library texts (docs and code) read by the target as "
+           f"assistant turns (categories doc, code), prompt positions weighted {training.get('prompt_weight', 1)}"
+           if data.get("text_sequences") else ""),
         f"- training: {training['updates']} updates of ~{training['tokens_per_update']} tokens "
         f"({training['planned_updates']} planned, {training['epochs']} epochs), {training['steps']} unrolled "
         f"step(s), AdamW lr {training['lr']}, {training['train_wall_s'] / 60:.1f} min on this CPU; "
