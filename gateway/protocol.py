@@ -36,8 +36,8 @@ class ChatCompletionRequest(BaseModel):
 
     model: str = Field(min_length=1)
     messages: list[dict[str, Any]] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=0)
-    max_tokens: int | None = Field(default=None, ge=0)  # deprecated alias of max_completion_tokens
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    max_tokens: int | None = Field(default=None, ge=1)  # deprecated alias of max_completion_tokens
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=0)  # an extension (vLLM's name)

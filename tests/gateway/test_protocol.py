@@ -42,6 +42,7 @@ def test_passthrough_keeps_openai_fields_only() -> None:
     (json.dumps({**BASE, "messages": []}).encode(), "invalid_value", "messages"),
     (json.dumps({**BASE, "temperature": "0.5"}).encode(), "invalid_type", "temperature"),
     (json.dumps({**BASE, "temperature": 3}).encode(), "invalid_value", "temperature"),
+    (json.dumps({**BASE, "max_tokens": 0}).encode(), "invalid_value", "max_tokens"),
     (json.dumps({**BASE, "stream": "yes"}).encode(), "invalid_type", "stream"),
     (json.dumps({**BASE, "stream_options": {"include_usage": 1}}).encode(), "invalid_type",
      "stream_options.include_usage"),
