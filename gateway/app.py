@@ -1,7 +1,7 @@
 """The FastAPI app, built by `create_app` from a policy; its state lives on `app.state.gateway`.
 
 Endpoints: `POST /v1/chat/completions`, `GET /v1/models`, `GET /health` (and `/healthz`). Every error,
-ours or the framework's (unknown path, wrong method), leaves through one handler as an OpenAI envelope.
+ours (through `failure`) or the framework's (unknown path, wrong method), leaves as an OpenAI envelope.
 """
 
 from __future__ import annotations

@@ -23,7 +23,6 @@ from gateway.local import Done, Job, LocalModel
 from gateway.protocol import ChatCompletionRequest
 from gateway.responses import DONE, ChunkWriter, completion, completion_id, draftgate_stats, sse, usage
 from gateway.state import GatewayState
-from policies.model import LocalRoute
 
 DEFAULT_MAX_TOKENS = 1024  # when the client sets none (cut further to what the context leaves)
 OPENAI_DEFAULT_TEMPERATURE = 1.0
@@ -48,7 +47,7 @@ async def chat_completions(state: GatewayState, req: ChatCompletionRequest, requ
     assert route.local is not None
     local = state.local[req.model]
     speculative = route.local.speculative.enabled and req.speculative is not False
-    prepared = await local.prepare(chat_request(req, route.local, speculative))
+    prepared = await local.prepare(chat_request(req, speculative))
     job = local.submit(prepared)
     if req.stream:
         writer = ChunkWriter(req.model, req.include_usage)
@@ -60,7 +59,7 @@ async def chat_completions(state: GatewayState, req: ChatCompletionRequest, requ
                                    usage(result), draftgate_stats(result, speculative, done.queued_s)))
 
 
-def chat_request(req: ChatCompletionRequest, route: LocalRoute, speculative: bool) -> ChatRequest:
+def chat_request(req: ChatCompletionRequest, speculative: bool) -> ChatRequest:
     temperature = OPENAI_DEFAULT_TEMPERATURE if req.temperature is None else req.temperature
     sampling = SamplingParams(temperature=temperature, top_p=1.0 if req.top_p is None else req.top_p,
                               top_k=req.top_k or 0, seed=req.seed)

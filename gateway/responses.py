@@ -73,15 +73,18 @@ class ChunkWriter:
         self.model = model
         self.include_usage = include_usage
 
-    def chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
-        body: dict[str, Any] = {
-            "id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-            "system_fingerprint": None,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}],
-        }
+    def _body(self, choices: list[dict[str, Any]]) -> dict[str, Any]:
+        body: dict[str, Any] = {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                                "model": self.model, "system_fingerprint": None, "choices": choices}
         if self.include_usage:
             body["usage"] = None
-        return sse(body)
+        return body
+
+    def _delta(self, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+        return self._body([{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}])
+
+    def chunk(self, delta: dict[str, Any], finish_reason: str | None = None) -> bytes:
+        return sse(self._delta(delta, finish_reason))
 
     def tool_call_chunks(self, calls: list[ToolCall]) -> list[bytes]:
         """Per call: a delta with index, id, type and name, then one with its arguments."""
@@ -94,15 +97,9 @@ class ChunkWriter:
 
     def final(self, finish_reason: str, usage_: dict[str, Any], extension: dict[str, Any] | None) -> list[bytes]:
         """The finish chunk, then (when asked) the usage chunk; the extension rides on the last of them."""
-        last = self.chunk({}, finish_reason)
-        if not self.include_usage:
-            if extension is None:
-                return [last]
-            body = json.loads(last[len(b"data: "):])
-            body["draftgate"] = extension
-            return [sse(body)]
-        body = {"id": self.id, "object": "chat.completion.chunk", "created": self.created, "model": self.model,
-                "system_fingerprint": None, "choices": [], "usage": usage_}
+        bodies = [self._delta({}, finish_reason)]
+        if self.include_usage:
+            bodies.append({**self._body([]), "usage": usage_})
         if extension is not None:
-            body["draftgate"] = extension
-        return [last, sse(body)]
+            bodies[-1]["draftgate"] = extension
+        return [sse(b) for b in bodies]
