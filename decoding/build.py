@@ -9,6 +9,7 @@ from decoding.drafters import (
     CompositeDrafter,
     Drafter,
     DraftModelDrafter,
+    FallbackDrafter,
     GrammarForcedDrafter,
     HeadDrafter,
     NgramDrafter,
@@ -19,6 +20,9 @@ from decoding.generate import Engine
 from decoding.loading import EMBEDDED, LoadedModel, check_same_tokenizer, load_model
 
 DRAFTER_NAMES = ("grammar", "ngram", "draft")
+# a model's draft chain stops before a token it gives less than this (drafters/chain.py): on the bench
+# workload 0.3 beat 0.2 and 0.4, and no cut, for the shipped draft head
+MIN_DRAFT_PEAK = 0.3
 
 Draft = LoadedModel | DraftHead
 
@@ -50,23 +54,28 @@ def load_head_for(path: Path, target: LoadedModel) -> DraftHead:
 
 def draft_drafter(draft: Draft, target: LoadedModel, max_draft_tokens: int) -> Drafter:
     if isinstance(draft, DraftHead):
-        return HeadDrafter(draft, max_tokens=max_draft_tokens)
+        return HeadDrafter(draft, max_tokens=max_draft_tokens, min_peak=MIN_DRAFT_PEAK)
     check_same_tokenizer(target, draft)
     if draft.model.args.vocab_size != target.model.args.vocab_size:
         raise ModelLoadError(
             f"{draft.source}: draft vocabulary {draft.model.args.vocab_size} != "
             f"target vocabulary {target.model.args.vocab_size}"
         )
-    return DraftModelDrafter(draft.model, max_tokens=max_draft_tokens)
+    return DraftModelDrafter(draft.model, max_tokens=max_draft_tokens, min_peak=MIN_DRAFT_PEAK)
 
 
 def build_drafter(names: list[str], target: LoadedModel, draft: Draft | None, max_draft_tokens: int) -> Drafter | None:
     """Drafters in the order given; "draft" needs a draft (a model with the target's tokenizer, or a draft
-    head trained for the target); "grammar" proposes the tokens a grammar forces (nothing without one)."""
+    head trained for the target); "grammar" proposes the tokens a grammar forces (nothing without one).
+
+    The grammar's forced tokens come first and the others continue after them; the others are
+    alternatives, tried in order each pass (drafters/fallback.py): `[grammar, ngram, draft]` proposes the
+    forced tokens, then an n-gram match where there is one and the draft's chain where there is not."""
+    forced: list[Drafter] = []
     drafters: list[Drafter] = []
     for name in names:
         if name == "grammar":  # proposes only under a grammar; a no-op otherwise
-            drafters.append(GrammarForcedDrafter())
+            forced.append(GrammarForcedDrafter())
         elif name == "ngram":
             drafters.append(NgramDrafter(max_tokens=max_draft_tokens))
         elif name == "draft":
@@ -76,9 +85,10 @@ def build_drafter(names: list[str], target: LoadedModel, draft: Draft | None, ma
             drafters.append(draft_drafter(draft, target, max_draft_tokens))
         else:
             raise ModelLoadError(f"unknown drafter {name!r} (known: {', '.join(DRAFTER_NAMES)})")
-    if not drafters:
+    chain = forced + ([] if not drafters else [drafters[0] if len(drafters) == 1 else FallbackDrafter(drafters)])
+    if not chain:
         return None
-    return drafters[0] if len(drafters) == 1 else CompositeDrafter(drafters)
+    return chain[0] if len(chain) == 1 else CompositeDrafter(chain)
 
 
 def build_engine(

@@ -18,13 +18,13 @@ from typing import Any
 
 from tqdm import tqdm
 
-from decoding.build import Draft, draft_drafter
+from decoding.build import Draft, build_drafter
 from decoding.chat_engine import ChatEngine, ChatRequest, ConstraintOptions, PreparedChat
 from decoding.constraints.backends import BACKENDS, make_backend
 from decoding.constraints.base import CompileTimeoutError, ConstraintError
 from decoding.constraints.bounds import Bounds, bound_schema
 from decoding.constraints.corpus import load_corpus
-from decoding.drafters import CompositeDrafter, Drafter, GrammarForcedDrafter, NgramDrafter
+from decoding.drafters import Drafter
 from decoding.generate import Engine, GenerationConfig
 from decoding.loading import LoadedModel
 from decoding.stats import SpecStats
@@ -156,10 +156,9 @@ class ConstrainedReport:
 
 
 def _drafters(target: LoadedModel, draft: Draft | None) -> Drafter:
-    parts: list[Drafter] = [GrammarForcedDrafter(), NgramDrafter()]
-    if draft is not None:
-        parts.append(draft_drafter(draft, target, 8))
-    return CompositeDrafter(parts)
+    drafter = build_drafter(["grammar", "ngram"] + (["draft"] if draft is not None else []), target, draft, 8)
+    assert drafter is not None
+    return drafter
 
 
 def measure_compile(target: LoadedModel, backend: str, quick: bool) -> CompileTimes:

@@ -18,8 +18,8 @@ from decoding.bench.baselines import HFRunner, LlamaCppRunner, llama_cpp_availab
 from decoding.bench.constrained import run_constrained
 from decoding.bench.report import BenchReport, Divergence, Measurement, Row
 from decoding.bench.workload import CATEGORIES, CONSTRAINED, BenchPrompt, load_workload
-from decoding.build import Draft, draft_drafter, load_draft
-from decoding.drafters import CompositeDrafter, NgramDrafter
+from decoding.build import Draft, build_drafter, draft_drafter, load_draft
+from decoding.drafters import NgramDrafter
 from decoding.generate import Engine, GenerationConfig
 from decoding.loading import LoadedModel, embedded_gguf_path, load_model
 from decoding.sampling import SamplingParams
@@ -76,7 +76,7 @@ def build_configs(target: LoadedModel, draft: Draft | None, options: BenchOption
     if draft is not None:
         draft_engine = Engine(target, draft_drafter(draft, target, 8))
         configs.append(Config("engine draft", _engine_run(draft_engine, True, t), ref))
-        composite = CompositeDrafter([NgramDrafter(), draft_drafter(draft, target, 8)])
+        composite = build_drafter(["ngram", "draft"], target, draft, 8)
         configs.append(Config("engine ngram+draft", _engine_run(Engine(target, composite), True, t), ref))
     if options.include_hf and greedy:
         # HF's assisted generation runs a standalone draft model; a draft head has no HF form, so against

@@ -1,6 +1,11 @@
 """The draft loop both model drafters share: up to k tokens from a model's logits, each drawn from the
 same masked, processed distribution the verifier will use for q (argmax when greedy), the grammar
-advanced over them and rolled back at the end (the engine re-advances over what the target accepts)."""
+advanced over them and rolled back at the end (the engine re-advances over what the target accepts).
+
+The chain stops early where the model is unsure: before drawing a draft whose distribution's peak (its
+most likely token's probability, after the mask and sampling processing) is below `min_peak`. The rule
+reads the distribution, never the token drawn from it, so every token proposed is still a plain sample
+of q and rejection sampling stays exact; it only saves verifying drafts that would mostly be rejected."""
 
 from __future__ import annotations
 
@@ -22,6 +27,7 @@ def draft_chain(
     grammar: Grammar | None,
     step: Callable[[int, int], torch.Tensor],  # (token, i) -> [V] logits for draft i + 1
     can_emit: torch.Tensor | None = None,  # [V] bool: tokens the model can propose at all (None: every token)
+    min_peak: float = 0.0,  # stop before a draft whose distribution peaks below this
 ) -> Proposal:
     tokens: list[int] = []
     rows: list[torch.Tensor] = []
@@ -30,11 +36,15 @@ def draft_chain(
         if allowed is not None and can_emit is not None and not bool((allowed & can_emit).any()):
             break  # the grammar wants a token this model cannot emit
         if params.greedy:
-            masked = logits if allowed is None else logits.masked_fill(~allowed, float("-inf"))
+            masked = logits if allowed is None else logits.masked_fill(~allowed, float("-inf"))  # [V]
+            if min_peak > 0 and float(torch.softmax(masked.float(), dim=-1).max()) < min_peak:
+                break
             token = int(masked.argmax().item())
         else:
             mask = None if allowed is None else allowed.unsqueeze(0)
             q = processed_probs(logits.unsqueeze(0), params, mask)[0]  # [V]
+            if min_peak > 0 and float(q.max()) < min_peak:
+                break
             token = int(torch.multinomial(q, 1, generator=generator).item())
             rows.append(q)
         tokens.append(token)

@@ -31,9 +31,11 @@ def common_prefix_length(a: list[int], b: list[int], hint: int = 0) -> int:
 class DraftModelDrafter(Drafter):
     name = "draft"
 
-    def __init__(self, model: Transformer, max_tokens: int = 8, cost_per_token: float = 0.1) -> None:
+    def __init__(self, model: Transformer, max_tokens: int = 8, cost_per_token: float = 0.1,
+                 min_peak: float = 0.0) -> None:
         self.model = model
         self.max_tokens = max_tokens
+        self.min_peak = min_peak  # stop the chain before a draft the model is less sure of (chain.py)
         self._cost = cost_per_token
         self.reset()
 
@@ -71,7 +73,7 @@ class DraftModelDrafter(Drafter):
             self._cached.append(token)
             return out
 
-        return draft_chain(self.name, logits, k, params, generator, grammar, step)
+        return draft_chain(self.name, logits, k, params, generator, grammar, step, min_peak=self.min_peak)
 
     def observe(self, num_proposed: int, num_accepted: int) -> None:
         self.length.update(num_proposed, num_accepted)

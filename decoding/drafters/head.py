@@ -22,9 +22,11 @@ from decoding.sampling import SamplingParams
 class HeadDrafter(Drafter):
     name = "draft"
 
-    def __init__(self, head: DraftHead, max_tokens: int = 8, cost_per_token: float = 0.05) -> None:
+    def __init__(self, head: DraftHead, max_tokens: int = 8, cost_per_token: float = 0.05,
+                 min_peak: float = 0.0) -> None:
         self.head = head
         self.max_tokens = max_tokens
+        self.min_peak = min_peak  # stop the chain before a draft the model is less sure of (chain.py)
         self._cost = cost_per_token
         vocab_size = head.config.target_vocab_size
         self._in_vocab = torch.zeros(vocab_size, dtype=torch.bool)  # [V] tokens the head can emit
@@ -101,7 +103,7 @@ class HeadDrafter(Drafter):
             feature, lg = self.head.step(torch.tensor([token]), feature, last + i)
             return full(lg[-1])
 
-        return draft_chain(self.name, full(logits), k, params, generator, grammar, step, self._in_vocab)
+        return draft_chain(self.name, full(logits), k, params, generator, grammar, step, self._in_vocab, self.min_peak)
 
     def observe(self, num_proposed: int, num_accepted: int) -> None:
         self.length.update(num_proposed, num_accepted)

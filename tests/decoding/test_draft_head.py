@@ -8,13 +8,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from decoding.build import build_drafter, load_draft
+from decoding.build import MIN_DRAFT_PEAK, build_drafter, load_draft
 from decoding.distill.data import draft_vocabulary
 from decoding.distill.evaluate import chain_acceptance
 from decoding.distill.train import TrainConfig, sequence_loss, train, vocab_index
 from decoding.distill.unroll import step_mask, unrolled
 from decoding.draft_head import is_head_file, load_head, save_head
-from decoding.drafters import CompositeDrafter, HeadDrafter
+from decoding.drafters import CompositeDrafter, FallbackDrafter, GrammarForcedDrafter, HeadDrafter
 from decoding.errors import ModelLoadError, TokenizerMismatchError
 from tests.conftest import TinyFactory
 from tests.decoding.heads import head_for, tiny_sequences
@@ -111,8 +111,12 @@ def test_head_file_round_trips_and_refuses_another_tokenizer(tiny_model: TinyFac
     other = tiny_model(vocab_size=24)
     with pytest.raises(TokenizerMismatchError, match="another tokenizer"):
         load_draft(str(path), other)
-    drafter = build_drafter(["ngram", "draft"], target, load_draft(str(path), target), 6)
-    assert isinstance(drafter, CompositeDrafter) and isinstance(drafter.drafters[1], HeadDrafter)
+    drafter = build_drafter(["grammar", "ngram", "draft"], target, load_draft(str(path), target), 6)
+    # the grammar's forced tokens first, then the n-gram's match or else the head's chain
+    assert isinstance(drafter, CompositeDrafter) and isinstance(drafter.drafters[0], GrammarForcedDrafter)
+    fallback = drafter.drafters[1]
+    assert isinstance(fallback, FallbackDrafter) and isinstance(fallback.drafters[1], HeadDrafter)
+    assert fallback.drafters[1].min_peak == MIN_DRAFT_PEAK
     bogus = tmp_path / "bogus.safetensors"
     bogus.write_bytes(b"not a safetensors file")
     assert not is_head_file(bogus)

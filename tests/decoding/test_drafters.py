@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from decoding.drafters import CompositeDrafter, DraftModelDrafter, NgramDrafter
+from decoding.drafters import CompositeDrafter, DraftModelDrafter, FallbackDrafter, NgramDrafter
 from decoding.sampling import SamplingParams
 from tests.conftest import TinyFactory
 
@@ -85,3 +85,43 @@ def test_composite_chains_and_marks_deterministic_rows_one_hot(tiny_model: TinyF
     assert p.probs[0, 6] == 1.0 and p.probs[1, 7] == 1.0  # one-hot q for the n-gram's tokens
     composite.observe(4, 1)  # the n-gram's second token was rejected: it shortens, the draft is not told
     assert ngram.length.value == 1 and draft.length.value == 4
+
+
+def test_fallback_drafts_with_the_first_drafter_that_proposes(tiny_model: TinyFactory) -> None:
+    model = tiny_model(vocab_size=32, seed=3).model
+    ngram = NgramDrafter(min_n=2, max_n=2, max_tokens=4)
+    draft = DraftModelDrafter(model, max_tokens=3)
+    either = FallbackDrafter([ngram, draft])
+    either.prepare(64)
+    matched = either.propose([0, 4, 5, 6, 7, 4, 5], 4, GREEDY, G)
+    assert matched.sources == ["ngram"] * 4 and matched.tokens == [6, 7, 4, 5]  # no draft tokens appended
+    either.observe(4, 0)  # only the n-gram hears of its rejection
+    assert ngram.length.value == 3 and draft.length.value == 3
+    unmatched = either.propose([0, 4, 5, 6, 7, 4, 5, 9], 4, GREEDY, G)  # "5 9" never occurred before
+    assert unmatched.sources == ["draft"] * 3 and unmatched.model_drafted == 3
+    either.observe(3, 1)
+    assert ngram.length.value == 3 and draft.length.value == 2
+
+
+def test_a_confidence_cut_stops_the_draft_chain_before_unsure_tokens(tiny_model: TinyFactory) -> None:
+    model = tiny_model(vocab_size=32, seed=3, logit_scale=2.0).model
+    context = [0, 1, 2, 3]
+    sure = DraftModelDrafter(model, max_tokens=6, min_peak=0.0)
+    sure.prepare(64)
+    full = sure.propose(context, 6, GREEDY, G)
+    assert len(full) == 6
+    # the draft's own probability of each greedy draft, to place the cut between them
+    model.setup_cache(64)
+    peaks = []
+    for i in range(6):
+        logits = model(torch.tensor(context + full.tokens[:i]), 0, last_only=True)[-1]  # [V]
+        peaks.append(float(torch.softmax(logits.float(), -1).max()))
+    assert max(peaks) > min(peaks)
+    threshold = (max(peaks) + min(peaks)) / 2
+    first_below = next(i for i, p in enumerate(peaks) if p < threshold)
+    unsure = DraftModelDrafter(model, max_tokens=6, min_peak=threshold)
+    unsure.prepare(64)
+    assert unsure.propose(context, 6, GREEDY, G).tokens == full.tokens[:first_below]
+    never = DraftModelDrafter(model, max_tokens=6, min_peak=1.01)
+    never.prepare(64)
+    assert never.propose(context, 6, GREEDY, G).tokens == []

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from decoding.drafters import CompositeDrafter, Drafter, DraftModelDrafter, HeadDrafter, NgramDrafter
+from decoding.build import MIN_DRAFT_PEAK
+from decoding.drafters import CompositeDrafter, Drafter, DraftModelDrafter, FallbackDrafter, HeadDrafter, NgramDrafter
 from decoding.generate import Engine, GenerationConfig
 from decoding.loading import LoadedModel
 from decoding.stats import SpecStats
@@ -35,14 +36,20 @@ def _drafters(target: LoadedModel, kind: str) -> Drafter:
     if kind == "ngram+eagle-head":  # the head chains its own features over the n-gram's proposals
         return CompositeDrafter([NgramDrafter(min_n=2, max_n=3, max_tokens=2),
                                  HeadDrafter(trained_head(target, "eagle"), max_tokens=6)])
+    if kind == "ngram|eagle-head-cut":  # the shipped arrangement, with the confidence cut of the shipped default
+        return FallbackDrafter([NgramDrafter(min_n=2, max_n=3),
+                                HeadDrafter(trained_head(target, "eagle"), max_tokens=6, min_peak=MIN_DRAFT_PEAK)])
     draft = DraftModelDrafter(perturbed_copy(target.model, seed=7, noise=0.05), max_tokens=6)
+    if kind == "draft-cut":
+        return DraftModelDrafter(perturbed_copy(target.model, seed=7, noise=0.05), max_tokens=6, min_peak=0.5)
     if kind == "draft":
         return draft
     return CompositeDrafter([NgramDrafter(min_n=2, max_n=3), draft])
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-@pytest.mark.parametrize("kind", ["ngram", "draft", "composite", "eagle-head", "tokens-head", "ngram+eagle-head"])
+@pytest.mark.parametrize("kind", ["ngram", "draft", "composite", "eagle-head", "tokens-head", "ngram+eagle-head",
+                                  "draft-cut", "ngram|eagle-head-cut"])
 def test_speculative_greedy_equals_target_only(tiny_model: TinyFactory, dtype: torch.dtype, kind: str) -> None:
     target = tiny_model(vocab_size=64, dtype=dtype, seed=1, logit_scale=2.0)
     base = Engine(target)

@@ -19,7 +19,15 @@ import pytest
 import torch
 from scipy import stats as scipy_stats
 
-from decoding.drafters import CompositeDrafter, Drafter, DraftModelDrafter, HeadDrafter, NgramDrafter
+from decoding.drafters import (
+    CompositeDrafter,
+    Drafter,
+    DraftModelDrafter,
+    FallbackDrafter,
+    HeadDrafter,
+    NgramDrafter,
+)
+from decoding.drafters.base import Proposal
 from decoding.generate import Engine, GenerationConfig
 from decoding.loading import LoadedModel
 from decoding.model import Transformer
@@ -95,10 +103,44 @@ def _target(tiny_model: TinyFactory) -> LoadedModel:
     return tiny_model(vocab_size=VOCAB, dtype=torch.float64, seed=3, logit_scale=0.5, n_layers=1)
 
 
+# confidence cuts (drafters/chain.py) that bind for a good share of these drafts' distributions
+CUT = 0.4
+HEAD_CUT = 0.6
+
+
+class CutCounter:
+    """Counts a model drafter's proposals that the confidence cut made shorter than it could draft."""
+
+    def __init__(self, drafter: DraftModelDrafter | HeadDrafter) -> None:
+        self.cut = self.whole = 0
+        inner = drafter.propose
+
+        def propose(context: list[int], max_tokens: int, *args: object, **kwargs: object) -> Proposal:
+            proposal = inner(context, max_tokens, *args, **kwargs)
+            if len(proposal) < min(max_tokens, drafter.length.value):
+                self.cut += 1
+            else:
+                self.whole += 1
+            return proposal
+
+        drafter.propose = propose
+
+
+CUTS: dict[str, CutCounter] = {}
+
+
 def _drafter(kind: str, target: LoadedModel) -> Drafter:
     draft_model = perturbed_copy(target.model, seed=11, noise=0.1)
     if kind == "draft":
         return DraftModelDrafter(draft_model, max_tokens=2)
+    if kind == "draft-cut":
+        cut = DraftModelDrafter(draft_model, max_tokens=2, min_peak=CUT)
+        CUTS[kind] = CutCounter(cut)
+        return cut
+    if kind == "ngram|eagle-head-cut":  # the shipped arrangement: n-gram where it matches, else the head
+        head = HeadDrafter(trained_head(target, "eagle", updates=20), max_tokens=2, min_peak=HEAD_CUT)
+        CUTS[kind] = CutCounter(head)
+        return FallbackDrafter([NgramDrafter(min_n=2, max_n=3, max_tokens=2), head])
     if kind == "ngram":
         return NgramDrafter(min_n=1, max_n=3, max_tokens=2)
     if kind == "eagle-head":  # emits 4 of the 5 tokens: q is zero on the last, as for a real head's subset
@@ -121,7 +163,8 @@ PARAMS = {
     ("kind", "params_name"),
     [("draft", "t1.0"), ("draft", "t0.7"), ("draft", "topk3"), ("draft", "topp0.8"),
      ("ngram", "t1.0"), ("ngram", "topk3"), ("ngram", "topp0.8"), ("composite", "t0.7"),
-     ("eagle-head", "t1.0"), ("eagle-head", "topk3"), ("ngram+eagle-head", "t0.7")],
+     ("eagle-head", "t1.0"), ("eagle-head", "topk3"), ("ngram+eagle-head", "t0.7"),
+     ("draft-cut", "t1.0"), ("draft-cut", "topp0.8"), ("ngram|eagle-head-cut", "t1.0")],
 )
 def test_speculative_sampling_matches_target_distribution(tiny_model: TinyFactory, kind: str, params_name: str) -> None:
     target = _target(tiny_model)
@@ -133,6 +176,10 @@ def test_speculative_sampling_matches_target_distribution(tiny_model: TinyFactor
     # every path of the verifier ran: accepted drafts, rejected drafts (recovered tokens)
     assert stats.accepted_tokens > 0.05 * stats.draft_tokens
     assert stats.accepted_tokens < 0.95 * stats.draft_tokens
+    if kind in CUTS:  # the cut both bound and let whole chains through
+        counter = CUTS[kind]
+        calls = counter.cut + counter.whole
+        assert calls > 0.1 * SAMPLES and counter.cut > 0.05 * calls and counter.whole > 0.05 * calls
     pvalue = chi_square_pvalue(counts, joint)
     assert pvalue > ALPHA, f"{kind}/{params_name}: samples do not follow the target distribution (p={pvalue:.2e})"
 
