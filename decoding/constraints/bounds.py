@@ -2,8 +2,8 @@
 
 Greedy decoding of a 135M model repeats itself: inside a free string, in the digits of an integer, in
 the local part of an email, in the fraction of a second. Each is valid JSON all the way to
-`max_tokens`, and then cut. With bounds, a free string gets `maxLength`, an array `maxItems`, a number a
-digit limit, and
+`max_tokens`, and then cut; so is a map (an object open to more keys) that repeats a key. With bounds, a
+free string gets `maxLength`, an array `maxItems`, a map `maxProperties`, a number a digit limit, and
 the unbounded formats a bounded pattern that only matches valid values of the format. The output is
 then valid for the caller's schema too (a subset of its language), and it is validated against the
 caller's schema, not the bounded one. Bounded formats also keep outlines' automata small: schemas with
@@ -36,6 +36,8 @@ class Bounds:
     string_length: int = 64  # maxLength of a string that has none (and no enum, const, pattern or format)
     digits: int = 12  # digits of an integer (or of a number's integer and fraction parts) without bounds
     items: int = 4  # maxItems of an array that has none (outlines: 8 strings of 64 can take minutes)
+    properties: int = 8  # extra keys of an object open to them (additionalProperties a schema or true);
+    # xgrammar only: outlines-core does not enforce maxProperties
 
 
 def _has_type(schema: dict[str, Any], kind: str) -> bool:
@@ -53,6 +55,11 @@ def _bound_node(node: dict[str, Any], bounds: Bounds, backend: str) -> None:
             node["maxLength"] = bounds.string_length
     if _has_type(node, "array") and "maxItems" not in node:
         node["maxItems"] = max(bounds.items, int(node.get("minItems", 0)))
+    extra = node.get("additionalProperties")
+    open_map = _has_type(node, "object") and (extra is True or isinstance(extra, dict))
+    if open_map and backend == "xgrammar" and "maxProperties" not in node:  # outlines cannot count keys
+        node["maxProperties"] = max(len(node.get("properties", {})) + bounds.properties,
+                                    int(node.get("minProperties", 0)))
     limit = 10**bounds.digits - 1
     for kind in ("integer", "number"):
         if not _has_type(node, kind):

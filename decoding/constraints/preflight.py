@@ -22,8 +22,11 @@ COMMON = frozenset({"type", "properties", "required", "items", "enum", "const", 
                     "minLength", "maxLength", "pattern", "format", "prefixItems"})
 ENFORCED = {
     # outlines-core src/json_schema: no numeric bounds, no multipleOf / uniqueItems / contains / not
-    "outlines": COMMON | {"minProperties", "maxProperties"},
-    "xgrammar": COMMON | {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"},
+    # (nor min/maxProperties: its regex for a map repeats the extra keys {0,} whatever they say)
+    "outlines": COMMON,
+    # xgrammar 0.2.9 json_schema_converter: numeric bounds, and min/maxProperties as repetition counts
+    "xgrammar": COMMON | {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minProperties",
+                          "maxProperties"},
 }
 FORMATS = {
     "outlines": frozenset({"date-time", "date", "time", "uuid", "uri", "email"}),

@@ -30,6 +30,20 @@ def test_only_unbounded_values_get_bounds() -> None:
     assert "free" in SCHEMA["properties"] and "maxLength" not in SCHEMA["properties"]["free"]  # caller's untouched
 
 
+def test_open_maps_get_a_key_limit_and_closed_objects_none() -> None:
+    schema = {"type": "object", "properties": {
+        "headers": {"type": "object", "additionalProperties": {"type": "string"}},
+        "labels": {"type": "object", "properties": {"app": {"type": "string"}}, "additionalProperties": True,
+                   "minProperties": 12},
+        "fixed": {"type": "object", "properties": {"a": {"type": "string"}}, "additionalProperties": False},
+        "given": {"type": "object", "additionalProperties": {"type": "integer"}, "maxProperties": 2}}}
+    props = bound_schema(schema, Bounds(properties=5), "xgrammar")["properties"]
+    assert props["headers"]["maxProperties"] == 5
+    assert props["labels"]["maxProperties"] == 12  # 1 declared + 5, but never below minProperties
+    assert "maxProperties" not in props["fixed"] and props["given"]["maxProperties"] == 2
+    assert "maxProperties" not in bound_schema(schema, Bounds(), "outlines")["properties"]["headers"]
+
+
 def test_outlines_gets_its_own_digit_keywords() -> None:
     props = bound_schema(SCHEMA, Bounds(digits=6), "outlines")["properties"]
     assert props["count"]["maxDigits"] == 6 and "maximum" not in props["count"]
