@@ -13,38 +13,18 @@ import torch
 
 from decoding.constraints.base import Grammar
 from decoding.drafters.base import Drafter, Proposal
+from decoding.drafters.group import DrafterGroup
 from decoding.sampling import SamplingParams
 
 
-class FallbackDrafter(Drafter):
+class FallbackDrafter(DrafterGroup):
     def __init__(self, drafters: list[Drafter]) -> None:
-        if not drafters:
-            raise ValueError("a fallback drafter needs at least one drafter")
-        self.drafters = drafters
-        self.name = "|".join(d.name for d in drafters)
+        super().__init__(drafters, "|")
         self._chosen: Drafter | None = None
 
     def reset(self) -> None:
         self._chosen = None
-        for d in self.drafters:
-            d.reset()
-
-    def prepare(self, max_seq_len: int) -> None:
-        for d in self.drafters:
-            d.prepare(max_seq_len)
-
-    @property
-    def cost_per_token(self) -> float:
-        return max(d.cost_per_token for d in self.drafters)
-
-    @property
-    def uses_features(self) -> bool:
-        return any(d.uses_features for d in self.drafters)
-
-    def observe_features(self, start: int, features: torch.Tensor) -> None:
-        for d in self.drafters:
-            if d.uses_features:
-                d.observe_features(start, features)
+        super().reset()
 
     def propose(
         self,
