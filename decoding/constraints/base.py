@@ -80,6 +80,12 @@ class Grammar(ABC):
         self.rollback(len(forced))
         return forced
 
+    def forced_text(self) -> str:
+        """The text every continuation from here starts with, across token boundaries ("" if none, or
+        if the backend cannot tell); state unchanged. Unlike `forced_tokens` it sees `age":` forced
+        where `a`, `ag` and `age` are all allowed tokens."""
+        return ""
+
     def valid_prefix(self, tokens: list[int]) -> int:
         """How many of `tokens` the grammar accepts in a row from here; state unchanged."""
         n = 0
@@ -130,3 +136,9 @@ class TimedGrammar(Grammar):
         done = self.inner.is_finished()
         self.seconds += time.perf_counter() - start
         return done
+
+    def forced_text(self) -> str:
+        start = time.perf_counter()
+        text = self.inner.forced_text()
+        self.seconds += time.perf_counter() - start
+        return text

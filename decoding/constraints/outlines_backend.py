@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from decoding.constraints.base import CompileTimeoutError, ConstraintError, Grammar, GrammarFactory, unpack_bitmask
+from decoding.constraints.forced_text import VocabBytes, text_forced_by_masks
 from decoding.constraints.outlines_worker import build_index
 from decoding.constraints.spec import GrammarSpec, regex_escape, text_not_starting_with
 from decoding.constraints.vocabulary import token_bytes
@@ -30,8 +31,9 @@ log = logging.getLogger(__name__)
 
 
 class OutlinesGrammar(Grammar):
-    def __init__(self, guide: Any, vocab_size: int, words: int, eos_token_id: int) -> None:
+    def __init__(self, guide: Any, vocab_size: int, words: int, eos_token_id: int, vocab: VocabBytes) -> None:
         self.guide = guide
+        self.vocab = vocab
         self.vocab_size = vocab_size
         self.eos_token_id = eos_token_id
         # outlines allows EOS in a final state but has no transition for it: count accepted EOS tokens
@@ -66,18 +68,23 @@ class OutlinesGrammar(Grammar):
     def is_finished(self) -> bool:
         return self._eos_accepted > 0 or bool(self.guide.is_finished())
 
+    def forced_text(self) -> str:
+        return "" if self._eos_accepted else text_forced_by_masks(self, self.vocab, self.eos_token_id)
+
 
 class OutlinesFactory(GrammarFactory):
-    def __init__(self, index: Any, vocab_size: int, eos_token_id: int) -> None:
+    def __init__(self, index: Any, vocab_size: int, eos_token_id: int, vocab: VocabBytes) -> None:
         self.index = index
         self.vocab_size = vocab_size
         self.eos_token_id = eos_token_id
+        self.vocab = vocab
 
     def new(self) -> Grammar:
         import outlines_core
 
         guide = outlines_core.Guide(self.index, max_rollback=64)
-        return OutlinesGrammar(guide, self.vocab_size, (self.vocab_size + 31) // 32, self.eos_token_id)
+        return OutlinesGrammar(guide, self.vocab_size, (self.vocab_size + 31) // 32, self.eos_token_id,
+                              self.vocab)
 
 
 class OutlinesBackend:
@@ -100,7 +107,9 @@ class OutlinesBackend:
         # None: compile in this process, however long it takes; else in a child, given up after this
         self.compile_timeout_s = compile_timeout_s
         self._tokens: dict[bytes, list[int]] = {}
-        for tid, b in enumerate(token_bytes(tokenizer)):
+        table = token_bytes(tokenizer)
+        self.vocab_bytes = VocabBytes(table)
+        for tid, b in enumerate(table):
             if b and tid != eos_token_id:
                 self._tokens.setdefault(b, []).append(tid)
         self.vocabulary = outlines_core.Vocabulary(eos_token_id, self._tokens)
@@ -121,7 +130,7 @@ class OutlinesBackend:
         key = hashlib.sha256(regex.encode()).hexdigest()
         with self._lock:
             if key not in self._cache and (index := self._load(key)) is not None:
-                self._cache[key] = OutlinesFactory(index, self.vocab_size, self.eos_token_id)
+                self._cache[key] = OutlinesFactory(index, self.vocab_size, self.eos_token_id, self.vocab_bytes)
             if key not in self._cache:
                 try:
                     if self.compile_timeout_s is None:
@@ -137,7 +146,7 @@ class OutlinesBackend:
                         "xgrammar backend for it"
                     ) from exc
                 self._store(key, index)
-                self._cache[key] = OutlinesFactory(index, self.vocab_size, self.eos_token_id)
+                self._cache[key] = OutlinesFactory(index, self.vocab_size, self.eos_token_id, self.vocab_bytes)
             return self._cache[key]
 
     def _path(self, key: str) -> Path | None:

@@ -54,6 +54,11 @@ class XGrammarGrammar(Grammar):
             self.matcher.rollback(n - extra)
             self._mask = None
 
+    def forced_text(self) -> str:
+        if self.matcher.is_terminated():
+            return ""
+        return str(self.matcher.find_jump_forward_string())  # xgrammar's jump-forward, at the byte level
+
     def is_finished(self) -> bool:
         if self.matcher.is_terminated():
             return True

@@ -85,9 +85,10 @@ def exact_constrained(target: LoadedModel, grammar: Grammar, prompt: list[int], 
 
 def _drafter(target: LoadedModel, kind: str) -> CompositeDrafter:
     draft = DraftModelDrafter(perturbed_copy(target.model, seed=5, noise=0.1), max_tokens=3)
+    forced = GrammarForcedDrafter(target.tokenizer)  # the forced text too: '"a":' after '{', ',"b":' after 1
     if kind == "grammar+draft":
-        return CompositeDrafter([GrammarForcedDrafter(), draft])
-    return CompositeDrafter([GrammarForcedDrafter(), NgramDrafter(min_n=1, max_n=2, max_tokens=3)])
+        return CompositeDrafter([forced, draft])
+    return CompositeDrafter([forced, NgramDrafter(min_n=1, max_n=2, max_tokens=3)])
 
 
 def _run(engine: Engine, prompt: list[int], config: GenerationConfig) -> tuple[tuple[int, ...], SpecStats]:
@@ -164,3 +165,43 @@ def test_a_token_outside_the_grammar_is_refused(backend: Backend) -> None:
     assert grammar.forced_tokens(4) == []  # '"a"' or '"a":': a choice, nothing forced
     grammar.accept(5)
     assert grammar.forced_tokens(4) == [6]  # after '"a"' the colon is forced
+
+
+def test_forced_text_spans_token_boundaries(backend: Backend) -> None:
+    grammar = backend.compile_json_schema(SCHEMA).new()
+    assert grammar.forced_text() == '{"a":'  # across the boundary after "{"
+    grammar.accept(3)
+    assert grammar.forced_text() == '"a":'  # no single token is forced ('"a"' or '"a":'), the text is
+    assert grammar.forced_tokens(4) == []
+    for token in (5, 6, 8):  # '"a"', ':', '1'
+        grammar.accept(token)
+    assert grammar.forced_text() == ',"b":'
+    grammar.accept(15)
+    assert grammar.forced_text() == ""  # true or false: a choice
+    assert grammar.is_finished() is False
+
+
+def test_forced_text_drafts_are_tokenized_then_resplit_as_the_target_writes_them(backend: Backend) -> None:
+    factory = backend.compile_json_schema(SCHEMA)
+    drafter = GrammarForcedDrafter(json_tokenizer())
+    params, gen = SamplingParams(), torch.Generator()
+    grammar = factory.new()
+    grammar.accept(3)
+    context = [0, 3]
+    assert drafter.propose(context, 4, params, gen, grammar).tokens == [7]  # '"a":', the tokenizer's way
+    assert grammar.forced_text() == '"a":', "the grammar's state is unchanged"
+    drafter.observe(1, 0)  # rejected: the target wrote '"a"' instead
+    assert drafter.propose([*context, 5], 4, params, gen, _advanced(factory, [3, 5])).tokens == [6]
+    drafter.observe(1, 1)
+    # from now on in this request '"a":' is drafted as the target wrote it: '"a"', ':'
+    assert drafter.propose(context, 4, params, gen, grammar).tokens == [5, 6]
+    drafter.reset()
+    assert drafter.propose(context, 4, params, gen, grammar).tokens == [7]
+    assert GrammarForcedDrafter().propose(context, 4, params, gen, grammar).tokens == []  # no tokenizer
+
+
+def _advanced(factory: object, tokens: list[int]) -> Grammar:
+    grammar = factory.new()  # type: ignore[attr-defined]
+    for token in tokens:
+        grammar.accept(token)
+    return grammar

@@ -14,7 +14,7 @@ from decoding.distill.evaluate import chain_acceptance
 from decoding.distill.train import TrainConfig, sequence_loss, train, vocab_index
 from decoding.distill.unroll import step_mask, unrolled
 from decoding.draft_head import is_head_file, load_head, save_head
-from decoding.drafters import CompositeDrafter, FallbackDrafter, GrammarForcedDrafter, HeadDrafter
+from decoding.drafters import CompositeDrafter, FallbackDrafter, GrammarForcedDrafter, HeadDrafter, NgramDrafter
 from decoding.errors import ModelLoadError, TokenizerMismatchError
 from tests.conftest import TinyFactory
 from tests.decoding.heads import head_for, tiny_sequences
@@ -112,11 +112,15 @@ def test_head_file_round_trips_and_refuses_another_tokenizer(tiny_model: TinyFac
     with pytest.raises(TokenizerMismatchError, match="another tokenizer"):
         load_draft(str(path), other)
     drafter = build_drafter(["grammar", "ngram", "draft"], target, load_draft(str(path), target), 6)
-    # the grammar's forced tokens first, then the n-gram's match or else the head's chain
-    assert isinstance(drafter, CompositeDrafter) and isinstance(drafter.drafters[0], GrammarForcedDrafter)
-    fallback = drafter.drafters[1]
-    assert isinstance(fallback, FallbackDrafter) and isinstance(fallback.drafters[1], HeadDrafter)
-    assert fallback.drafters[1].min_peak == MIN_DRAFT_PEAK
+    # the grammar's forced tokens and the n-gram's match after them, or else the head's chain
+    assert isinstance(drafter, FallbackDrafter) and isinstance(drafter.drafters[1], HeadDrafter)
+    free = drafter.drafters[0]
+    assert isinstance(free, CompositeDrafter) and [type(d) for d in free.drafters] == [
+        GrammarForcedDrafter, NgramDrafter]
+    assert drafter.drafters[1].min_peak == MIN_DRAFT_PEAK
+    grammar_then_head = build_drafter(["grammar", "draft"], target, load_draft(str(path), target), 6)
+    assert isinstance(grammar_then_head, FallbackDrafter)
+    assert [type(d) for d in grammar_then_head.drafters] == [GrammarForcedDrafter, HeadDrafter]
     bogus = tmp_path / "bogus.safetensors"
     bogus.write_bytes(b"not a safetensors file")
     assert not is_head_file(bogus)
