@@ -20,33 +20,39 @@ from decoding.sampling import SamplingParams, processed_probs
 
 def draft_chain(
     name: str,
-    logits: torch.Tensor,  # [V] the model's logits for the first draft
+    logits: torch.Tensor,  # [Vd] the model's logits for the first draft, over `vocab` ([V] when None)
     k: int,
     params: SamplingParams,
     generator: torch.Generator,
     grammar: Grammar | None,
-    step: Callable[[int, int], torch.Tensor],  # (token, i) -> [V] logits for draft i + 1
-    can_emit: torch.Tensor | None = None,  # [V] bool: tokens the model can propose at all (None: every token)
+    step: Callable[[int, int], torch.Tensor],  # (token, i) -> [Vd] logits for draft i + 1
+    vocab: torch.Tensor | None = None,  # [Vd] the target ids a model with a vocabulary subset can emit
+    vocab_size: int = 0,  # V, the target's vocabulary: the width of q (with `vocab`)
     min_peak: float = 0.0,  # stop before a draft whose distribution peaks below this
 ) -> Proposal:
+    """A subset model drafts in its own Vd-wide space (mask, softmax, top-p, argmax over 8192 ids, not
+    49152); q outside the subset is 0, and rows of q are widened to [V] for the verifier."""
     tokens: list[int] = []
     rows: list[torch.Tensor] = []
     for i in range(k):
         allowed = grammar.allowed_mask() if grammar is not None else None  # [V]
-        if allowed is not None and can_emit is not None and not bool((allowed & can_emit).any()):
-            break  # the grammar wants a token this model cannot emit
+        if allowed is not None and vocab is not None:
+            allowed = allowed[vocab]  # [Vd]
+            if not bool(allowed.any()):
+                break  # the grammar wants a token this model cannot emit
         if params.greedy:
-            masked = logits if allowed is None else logits.masked_fill(~allowed, float("-inf"))  # [V]
+            masked = logits if allowed is None else logits.masked_fill(~allowed, float("-inf"))  # [Vd]
             if min_peak > 0 and float(torch.softmax(masked.float(), dim=-1).max()) < min_peak:
                 break
-            token = int(masked.argmax().item())
+            j = int(masked.argmax().item())
         else:
             mask = None if allowed is None else allowed.unsqueeze(0)
-            q = processed_probs(logits.unsqueeze(0), params, mask)[0]  # [V]
+            q = processed_probs(logits.unsqueeze(0), params, mask)[0]  # [Vd]
             if min_peak > 0 and float(q.max()) < min_peak:
                 break
-            token = int(torch.multinomial(q, 1, generator=generator).item())
-            rows.append(q)
+            j = int(torch.multinomial(q, 1, generator=generator).item())
+            rows.append(q if vocab is None else torch.zeros(vocab_size, dtype=q.dtype).index_copy_(0, vocab, q))
+        token = j if vocab is None else int(vocab[j])
         tokens.append(token)
         if grammar is not None:
             grammar.accept(token)

@@ -28,9 +28,6 @@ class HeadDrafter(Drafter):
         self.max_tokens = max_tokens
         self.min_peak = min_peak  # stop the chain before a draft the model is less sure of (chain.py)
         self._cost = cost_per_token
-        vocab_size = head.config.target_vocab_size
-        self._in_vocab = torch.zeros(vocab_size, dtype=torch.bool)  # [V] tokens the head can emit
-        self._in_vocab[head.vocab] = True
         self._features = torch.zeros(0, head.config.dim)  # [S, D] the target's, by position
         self.reset()
 
@@ -93,17 +90,13 @@ class HeadDrafter(Drafter):
             feature, logits, pos = out, lg[-1], pos + 1
         assert logits is not None
 
-        def full(head_logits: torch.Tensor) -> torch.Tensor:
-            out = torch.full((self.head.config.target_vocab_size,), float("-inf"))  # [V]
-            out[self.head.vocab] = head_logits  # q is 0 outside the head's vocabulary
-            return out
-
         def step(token: int, i: int) -> torch.Tensor:
             nonlocal feature  # each draft reads the feature the head predicted for the one before
             feature, lg = self.head.step(torch.tensor([token]), feature, last + i)
-            return full(lg[-1])
+            return lg[-1]  # [Vd]
 
-        return draft_chain(self.name, full(logits), k, params, generator, grammar, step, self._in_vocab, self.min_peak)
+        return draft_chain(self.name, logits, k, params, generator, grammar, step, self.head.vocab,
+                           self.head.config.target_vocab_size, self.min_peak)
 
     def observe(self, num_proposed: int, num_accepted: int) -> None:
         self.length.update(num_proposed, num_accepted)
