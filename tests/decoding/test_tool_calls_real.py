@@ -28,7 +28,7 @@ ASK = [{"role": "user", "content": "What's the weather in Paris in celsius?"}]
 
 @pytest.mark.parametrize("backend", ["outlines", "xgrammar"])
 def test_every_tool_choice_mode_on_the_real_model(embedded_model: LoadedModel, backend: str) -> None:
-    engine = Engine(embedded_model, CompositeDrafter([GrammarForcedDrafter(), NgramDrafter()]))
+    engine = Engine(embedded_model, CompositeDrafter([GrammarForcedDrafter(embedded_model.tokenizer), NgramDrafter()]))
     chat = ChatEngine(engine, ConstraintOptions(backend=backend, bounds=Bounds()))
 
     def ask(choice: object, parallel: bool | None = None) -> tuple:
@@ -57,7 +57,8 @@ def test_every_tool_choice_mode_on_the_real_model(embedded_model: LoadedModel, b
 
 
 def test_response_format_json_object_and_schema(embedded_model: LoadedModel) -> None:
-    chat = ChatEngine(Engine(embedded_model, CompositeDrafter([GrammarForcedDrafter(), NgramDrafter()])))
+    drafter = CompositeDrafter([GrammarForcedDrafter(embedded_model.tokenizer), NgramDrafter()])
+    chat = ChatEngine(Engine(embedded_model, drafter))
     ask = [{"role": "user", "content": "Give me a JSON object describing a cat with a name and an age."}]
     obj, _ = chat.complete(ChatRequest(ask, GenerationConfig(max_new_tokens=64),
                                        response_format={"type": "json_object"}))
