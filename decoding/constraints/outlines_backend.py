@@ -7,7 +7,6 @@ by the regex's hash in memory and, given a cache directory, on disk across resta
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import pickle
@@ -20,6 +19,7 @@ import torch
 
 from decoding.constraints.base import CompileTimeoutError, ConstraintError, Grammar, GrammarFactory, unpack_bitmask
 from decoding.constraints.forced_text import VocabBytes, text_forced_by_masks
+from decoding.constraints.outlines_maps import counted_map_regex
 from decoding.constraints.outlines_worker import build_index
 from decoding.constraints.spec import GrammarSpec, regex_escape, text_not_starting_with
 from decoding.constraints.vocabulary import token_bytes
@@ -119,8 +119,11 @@ class OutlinesBackend:
     def regex_for_schema(self, schema: dict[str, Any]) -> str:
         from outlines_core import json_schema
 
+        def build(text: str) -> str:
+            return str(json_schema.build_regex_from_schema(text, COMPACT_WHITESPACE))
+
         try:
-            return str(json_schema.build_regex_from_schema(json.dumps(schema), COMPACT_WHITESPACE))
+            return counted_map_regex(schema, build)  # outlines' regex, with maps' key counts enforced
         except (ValueError, TypeError) as exc:
             raise ConstraintError(f"outlines cannot compile this schema: {exc}") from exc
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from decoding.constraints.base import ConstraintError, UnsupportedKeywordError
+from decoding.constraints.outlines_maps import COUNT_KEYS, is_map
 
 # keywords that only annotate: nothing to enforce
 ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated",
@@ -21,8 +22,9 @@ COMMON = frozenset({"type", "properties", "required", "items", "enum", "const", 
                     "$ref", "$defs", "definitions", "additionalProperties", "minItems", "maxItems",
                     "minLength", "maxLength", "pattern", "format", "prefixItems"})
 ENFORCED = {
-    # outlines-core src/json_schema: no numeric bounds, no multipleOf / uniqueItems / contains / not
-    # (nor min/maxProperties: its regex for a map repeats the extra keys {0,} whatever they say)
+    # outlines-core src/json_schema: no numeric bounds, no multipleOf / uniqueItems / contains / not, and
+    # no min/maxProperties (its regex for a map repeats the keys {0,}): draftgate counts them for maps
+    # itself (outlines_maps.py, MAP_COUNTS below), never beside declared properties
     "outlines": COMMON,
     # xgrammar 0.2.9 json_schema_converter: numeric bounds, and min/maxProperties as repetition counts
     "xgrammar": COMMON | {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "minProperties",
@@ -34,6 +36,8 @@ FORMATS = {
                            "uri", "uri-reference", "uri-template", "json-pointer", "relative-json-pointer"}),
 }
 LENGTH_KEYS = frozenset({"minLength", "maxLength"})
+# keywords a backend enforces on maps only (objects with no declared properties, open to any key)
+MAP_COUNTS = {"outlines": frozenset(COUNT_KEYS), "xgrammar": frozenset()}
 SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
 SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 SUBSCHEMA_SINGLE = ("items", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames")
@@ -60,7 +64,7 @@ def unsupported_keywords(schema: Any, backend: str, path: str = "") -> list[Unsu
     for key, value in schema.items():
         if key in ANNOTATIONS:
             continue
-        if key not in ENFORCED[backend]:
+        if key not in ENFORCED[backend] and not (key in MAP_COUNTS[backend] and is_map(schema)):
             found.append(Unsupported(path, key))
         if key == "format" and value not in FORMATS[backend]:
             found.append(Unsupported(path, f"format: {value}"))

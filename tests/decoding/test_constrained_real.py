@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -29,12 +30,8 @@ def test_corpus_outputs_validate(embedded_model: LoadedModel, backend_name: str)
     assert len(entries) >= 50
     engine = Engine(embedded_model, CompositeDrafter([GrammarForcedDrafter(tokenizer), NgramDrafter()]))
     compile_s = []
-    checked = 0
+    checked, maps = 0, 0
     for entry in entries:
-        if backend_name == "outlines" and has_open_map(entry["schema"]):
-            # outlines cannot bound a map's keys (no maxProperties), and greedy decoding of this model can
-            # repeat a key until max_tokens; such output is cut and says "length" (the xgrammar run bounds it)
-            continue
         started = time.perf_counter()
         factory = backend.compile_json_schema(bound_schema(entry["schema"], BOUNDS, backend_name))
         compile_s.append(time.perf_counter() - started)
@@ -43,18 +40,11 @@ def test_corpus_outputs_validate(embedded_model: LoadedModel, backend_name: str)
         assert result.finish_reason == "stop", f"{entry['id']}: cut by max_tokens: ...{result.text[-100:]!r}"
         validate_output(result.text, entry["schema"])  # the caller's schema, unbounded; raises with the reason
         checked += 1
-    assert checked >= 45
+        maps += '"additionalProperties": {' in json.dumps(entry["schema"])
+    assert maps >= 3  # maps, whose keys the bounds count (outlines_maps.py for outlines)
+    assert checked == len(entries)
     print(f"\n{backend_name}: {checked} of {len(entries)} schemas, all complete and valid; "
           f"compile max {max(compile_s):.2f} s")
-
-
-def has_open_map(schema: object) -> bool:
-    if isinstance(schema, list):
-        return any(has_open_map(s) for s in schema)
-    if not isinstance(schema, dict):
-        return False
-    extra = schema.get("additionalProperties")
-    return extra is True or isinstance(extra, dict) or any(has_open_map(v) for v in schema.values())
 
 
 def test_outlines_gives_up_on_an_exploding_schema_by_name(embedded_model: LoadedModel) -> None:
@@ -66,16 +56,22 @@ def test_outlines_gives_up_on_an_exploding_schema_by_name(embedded_model: Loaded
     assert err.value.code == "schema_too_complex"
 
 
-def test_max_properties_is_enforced_by_xgrammar_and_refused_for_outlines(embedded_model: LoadedModel) -> None:
-    """What preflight says of open maps, checked on the grammar itself."""
+@pytest.mark.parametrize("backend_name", ["xgrammar", "outlines"])
+def test_max_properties_of_a_map_is_enforced_by_both_backends(embedded_model: LoadedModel, backend_name: str) -> None:
+    """What preflight says of maps, checked on the grammar itself."""
     tokenizer = embedded_model.tokenizer
-    schema = {"type": "object", "additionalProperties": {"enum": [1, 2]}, "maxProperties": 2}
-    assert [u.keyword for u in unsupported_keywords(schema, "outlines")] == ["maxProperties"]
-    assert unsupported_keywords(schema, "xgrammar") == []
-    grammar = make_backend("xgrammar", tokenizer).compile_json_schema(schema).new()
-    for token in tokenizer.encode('{"a":1,"b":2'):
-        grammar.accept(token)
-    allowed = grammar.allowed_mask()  # [V]
+    schema = {"type": "object", "additionalProperties": {"enum": [1, 2]}, "minProperties": 1, "maxProperties": 2}
+    assert unsupported_keywords(schema, backend_name) == []
+    grammar = make_backend(backend_name, tokenizer).compile_json_schema(schema).new()
     comma, close = tokenizer.encode(","), tokenizer.encode("}")
     assert len(comma) == 1 and len(close) == 1
+    grammar.accept(tokenizer.encode("{")[0])
+    assert not bool(grammar.allowed_mask()[close[0]])  # minProperties: not empty
+    for token in tokenizer.encode('"a":1,"b":2'):
+        grammar.accept(token)
+    allowed = grammar.allowed_mask()  # [V]
     assert bool(allowed[close[0]]) and not bool(allowed[comma[0]])  # a third key is refused
+    beside = {"type": "object", "properties": {"a": {"type": "integer"}}, "additionalProperties": True,
+              "maxProperties": 2}
+    expected = ["maxProperties"] if backend_name == "outlines" else []  # outlines: only for maps
+    assert [u.keyword for u in unsupported_keywords(beside, backend_name)] == expected

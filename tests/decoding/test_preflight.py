@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from decoding.constraints.base import ConstraintError, UnsupportedKeywordError
@@ -73,3 +75,31 @@ def test_a_length_with_a_pattern_is_named_for_the_side_each_backend_drops(backen
 def test_formats_are_validated() -> None:
     with pytest.raises(ConstraintError, match="email"):
         validate_output('"not an address"', {"type": "string", "format": "email"})
+
+
+def test_outlines_counts_the_keys_of_maps_and_only_of_maps() -> None:
+    import re
+
+    from outlines_core import json_schema
+
+    from decoding.constraints.outlines_maps import counted_map_regex
+
+    def build(text: str) -> str:
+        return str(json_schema.build_regex_from_schema(text, ""))
+
+    schema = {"type": "object", "properties": {"h": {"type": "object", "additionalProperties": {"$ref": "#/$defs/n"},
+                                                      "minProperties": 1, "maxProperties": 2}},
+              "required": ["h"], "$defs": {"n": {"enum": [1, 2]}}}
+    regex = counted_map_regex(schema, build)
+    fits = {text: bool(re.fullmatch(regex, text)) for text in
+            ['{"h":{}}', '{"h":{"a":1}}', '{"h":{"a":1,"b":2}}', '{"h":{"a":1,"b":2,"c":1}}', '{"h":{"a":3}}']}
+    assert fits == {'{"h":{}}': False, '{"h":{"a":1}}': True, '{"h":{"a":1,"b":2}}': True,
+                    '{"h":{"a":1,"b":2,"c":1}}': False, '{"h":{"a":3}}': False}
+    assert unsupported_keywords(schema, "outlines") == []
+    empty = counted_map_regex({"type": "object", "additionalProperties": True, "maxProperties": 0}, build)
+    assert re.fullmatch(empty, "{}") and not re.fullmatch(empty, '{"a":1}')
+    with pytest.raises(ConstraintError, match="at least 3 and at most 2"):
+        counted_map_regex({"type": "object", "additionalProperties": True, "minProperties": 3, "maxProperties": 2},
+                          build)
+    plain = {"type": "object", "additionalProperties": {"type": "integer"}}
+    assert counted_map_regex(plain, build) == build(json.dumps(plain))  # no counts: outlines' own regex
