@@ -35,11 +35,13 @@ class CompileTimeoutError(ConstraintError):
     code = "schema_too_complex"
 
 
+_SHIFTS = torch.arange(32, dtype=torch.int32)
+
+
 def unpack_bitmask(bitmask: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """int32 words, bit j of word i = token 32 i + j  ->  [V] bool."""
     # bitmask: [ceil(V / 32)] int32
-    shifts = torch.arange(32, dtype=torch.int32)
-    bits = (bitmask.unsqueeze(-1) >> shifts) & 1  # [W, 32]
+    bits = (bitmask.unsqueeze(-1) >> _SHIFTS) & 1  # [W, 32]
     return bits.reshape(-1)[:vocab_size].bool()
 
 

@@ -11,6 +11,7 @@ import logging
 import os
 import pickle
 import threading
+from collections import OrderedDict
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -27,6 +28,7 @@ from decoding.tokenizer import Tokenizer
 
 # compact JSON: no whitespace between tokens, so a small model cannot stall in it until max_tokens
 COMPACT_WHITESPACE = ""
+MASKS_PER_REQUEST = 256  # masks kept by automaton state (48 KB each for a 49k vocabulary)
 log = logging.getLogger(__name__)
 
 
@@ -41,12 +43,24 @@ class OutlinesGrammar(Grammar):
         self._eos_accepted = 0
         self._bitmask = torch.zeros(words, dtype=torch.int32)
         self._mask: torch.Tensor | None = None  # cache for the current state
+        # masks by automaton state: speculation visits the same states again and again (drafting,
+        # verifying, rolling back, re-advancing), and a state's mask never changes
+        self._by_state: OrderedDict[int, torch.Tensor] = OrderedDict()
 
     def allowed_mask(self) -> torch.Tensor:
         if self._mask is None:
-            self._bitmask.zero_()
-            self.guide.write_mask_into(self._bitmask.data_ptr(), self._bitmask.numel(), 4)
-            self._mask = unpack_bitmask(self._bitmask, self.vocab_size)
+            state = int(self.guide.get_state())
+            mask = self._by_state.get(state)
+            if mask is None:
+                self._bitmask.zero_()
+                self.guide.write_mask_into(self._bitmask.data_ptr(), self._bitmask.numel(), 4)
+                mask = unpack_bitmask(self._bitmask, self.vocab_size)
+                self._by_state[state] = mask
+                if len(self._by_state) > MASKS_PER_REQUEST:
+                    self._by_state.popitem(last=False)
+            else:
+                self._by_state.move_to_end(state)
+            self._mask = mask
         return self._mask
 
     def accept(self, token: int) -> None:
