@@ -134,7 +134,8 @@ def _distill(args: argparse.Namespace) -> int:
 
     target = load_model(args.model, args.dtype)
     data = DataConfig(seed=args.seed, stage_one=args.stage_one, stage_two=args.stage_two,
-                      max_new_tokens=args.max_new_tokens, text_sequences=args.text_sequences)
+                      agent_prompts=args.agent_prompts, max_new_tokens=args.max_new_tokens,
+                      text_sequences=args.text_sequences)
     config = TrainConfig(design=args.design, n_layers=args.layers, steps=args.steps if args.design == "eagle" else 1,
                          vocab_size=args.vocab_size, lr=args.lr, epochs=args.epochs, minutes=args.minutes,
                          seed=args.seed, tokens_per_update=args.tokens_per_update, prompt_weight=args.prompt_weight)
@@ -223,6 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
     dist.add_argument("--seed", type=int, default=0)
     dist.add_argument("--stage-one", type=int, default=320, help="prompts the target answers first")
     dist.add_argument("--stage-two", type=int, default=320, help="prompts built on those answers")
+    dist.add_argument("--agent-prompts", type=int, default=400,
+                      help="agent-shaped prompts (tools in the system prompt, structured copy, summaries, chat)")
     dist.add_argument("--text-sequences", type=int, default=480,
                       help="standard-library docs and code read by the target (teacher-forced)")
     dist.add_argument("--prompt-weight", type=float, default=0.3, help="loss weight of prompt positions")
