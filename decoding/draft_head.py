@@ -144,18 +144,22 @@ class DraftHead(nn.Module):
 
     @torch.inference_mode()
     def step(
-        self, tokens: torch.Tensor, features: torch.Tensor | None, start: int
+        self, tokens: torch.Tensor, features: torch.Tensor | None, start: int,
+        positions: torch.Tensor | None = None, mask: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Positions [start, start + T) through the cache -> (predicted features (T, D) float32, subset
-        logits (T, Vd) float32) for the token after the next."""
+        logits (T, Vd) float32) for the token after the next. A draft tree gives its rows' `positions`
+        (T,) and which cache slots each reads, `mask` (T, start + T); they are written at slots
+        [start, start + T) all the same."""
         assert self.lm_head is not None, "attach() the target first"
         t = tokens.shape[0]
         end = start + t
         if end > self.max_seq_len:
             raise ValueError(f"sequence of {end} positions exceeds the draft cache of {self.max_seq_len}")
         cos, sin = self.rope_cos[start:end], self.rope_sin[start:end]
-        mask = None
-        if t > 1:
+        if positions is not None:
+            cos, sin = self.rope_cos[positions], self.rope_sin[positions]  # (T, hd)
+        if mask is None and t > 1:
             mask = torch.arange(end).unsqueeze(0) <= torch.arange(start, end).unsqueeze(1)  # (T, end)
         x = self.inputs(tokens, features).unsqueeze(0).float()  # (1, T, D) residual stream
         for block in self.blocks:

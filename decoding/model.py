@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from decoding.tree import TokenTree
+
 # bf16 logits within this distance of a row's maximum are recomputed in float32 (see refine_top_logits)
 REFINE_MARGIN = 0.5
 
@@ -216,17 +218,23 @@ class Transformer(nn.Module):
 
     @torch.inference_mode()
     def forward_hidden(
-        self, tokens: torch.Tensor, start: int, last_only: bool = False
+        self, tokens: torch.Tensor, start: int, last_only: bool = False, tree: TokenTree | None = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits as `forward`, and the final normed hidden state (T, D) in float32 of every position:
-        the features a draft head (decoding/draft_head.py) reads."""
+        the features a draft head (decoding/draft_head.py) reads. With a `tree` (decoding/tree.py) the
+        tokens are its root and nodes, each at its depth's position, reading only its ancestors; their
+        cache entries land in slots [start, start + T) until `keep_path` compacts the accepted ones."""
         t = tokens.shape[0]
         end = start + t
         if end > self.max_seq_len:
             raise ValueError(f"sequence of {end} tokens exceeds the KV cache of {self.max_seq_len}")
         cos, sin = self.rope_cos[start:end], self.rope_sin[start:end]  # (T, hd)
         mask = None
-        if t > 1:
+        if tree is not None:
+            positions = tree.positions(start)  # (T,)
+            cos, sin = self.rope_cos[positions], self.rope_sin[positions]  # (T, hd)
+            mask = tree.attention_mask(start)  # (T, end)
+        elif t > 1:
             # query i (position start + i) may read keys at positions <= start + i
             q_pos = torch.arange(start, end).unsqueeze(1)  # (T, 1)
             k_pos = torch.arange(end).unsqueeze(0)  # (1, end)
@@ -240,6 +248,18 @@ class Transformer(nn.Module):
         if self.dtype not in (torch.float32, torch.float64):
             logits = self.refine_top_logits(h, logits.to(h.dtype)).float()
         return logits, hidden
+
+    def keep_path(self, start: int, rows: list[int]) -> None:
+        """After a tree pass at `start`: move the cache entries of the accepted rows (increasing, row 0
+        the root stays) to the slots after the root, where a sequential pass would have put them."""
+        if rows == list(range(1, len(rows) + 1)):
+            return  # already in place (a chain, or the first branch all the way)
+        src = torch.tensor(rows) + start  # (n,)
+        for layer in self.blocks:
+            cache = layer.attention.kv_cache
+            assert cache is not None
+            cache.k[:, :, start + 1 : start + 1 + len(rows)] = cache.k[:, :, src]
+            cache.v[:, :, start + 1 : start + 1 + len(rows)] = cache.v[:, :, src]
 
     def refine_top_logits(self, h: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
         """Recompute in float32 the logits near each row's maximum.
