@@ -14,6 +14,7 @@ from decoding.drafters import (
     HeadDrafter,
     NgramDrafter,
 )
+from decoding.drafters.head_tree import TreeShape
 from decoding.drafts import shipped_draft
 from decoding.errors import ModelLoadError
 from decoding.generate import Engine
@@ -52,9 +53,10 @@ def load_head_for(path: Path, target: LoadedModel) -> DraftHead:
     return head.prepare_inference(model.dtype)
 
 
-def draft_drafter(draft: Draft, target: LoadedModel, max_draft_tokens: int) -> Drafter:
+def draft_drafter(draft: Draft, target: LoadedModel, max_draft_tokens: int, tree: TreeShape | None = None) -> Drafter:
+    """A drafter for `draft`; a draft head drafts a `tree` per pass where one is given, else a chain."""
     if isinstance(draft, DraftHead):
-        return HeadDrafter(draft, max_tokens=max_draft_tokens, min_peak=MIN_DRAFT_PEAK)
+        return HeadDrafter(draft, max_tokens=max_draft_tokens, min_peak=MIN_DRAFT_PEAK, tree=tree)
     check_same_tokenizer(target, draft)
     if draft.model.args.vocab_size != target.model.args.vocab_size:
         raise ModelLoadError(
@@ -64,7 +66,8 @@ def draft_drafter(draft: Draft, target: LoadedModel, max_draft_tokens: int) -> D
     return DraftModelDrafter(draft.model, max_tokens=max_draft_tokens, min_peak=MIN_DRAFT_PEAK)
 
 
-def build_drafter(names: list[str], target: LoadedModel, draft: Draft | None, max_draft_tokens: int) -> Drafter | None:
+def build_drafter(names: list[str], target: LoadedModel, draft: Draft | None, max_draft_tokens: int,
+                  tree: TreeShape | None = None) -> Drafter | None:
     """Drafters in the order given; "draft" needs a draft (a model with the target's tokenizer, or a draft
     head trained for the target); "grammar" proposes the tokens a grammar forces (nothing without one).
 
@@ -85,7 +88,7 @@ def build_drafter(names: list[str], target: LoadedModel, draft: Draft | None, ma
             if draft is None:
                 raise ModelLoadError(f"drafter 'draft' needs a draft model (none was given, and draftgate "
                                      f"ships none for {target.name!r})")
-            drafters.append(draft_drafter(draft, target, max_draft_tokens))
+            drafters.append(draft_drafter(draft, target, max_draft_tokens, tree))
         else:
             raise ModelLoadError(f"unknown drafter {name!r} (known: {', '.join(DRAFTER_NAMES)})")
     if forced is not None:

@@ -24,6 +24,7 @@ from decoding.sampling import SamplingParams, next_token, processed_probs
 from decoding.stats import SpecStats
 from decoding.stopping import StopChecker
 from decoding.tokenizer import IncrementalDetokenizer
+from decoding.tree import TokenTree, verify_tree
 
 
 @dataclass(frozen=True)
@@ -194,7 +195,7 @@ class Engine:
         model = self.target.model
         drafter = self.drafter if config.speculative else None
         k_max = self.max_draft_tokens if drafter is not None else 0
-        need = len(prompt) + budget + k_max + 1
+        need = len(prompt) + budget + max(k_max, drafter.max_nodes if drafter is not None else 0) + 1
         model.setup_cache(min(need, self.max_context))
         params = config.sampling
         gen = params.generator()
@@ -228,6 +229,16 @@ class Engine:
                         proposal = drafter.propose(tokens, room, params, gen, grammar)
                     else:
                         stats.paused_steps += 1
+                if proposal.parents is not None:  # a draft tree: one pass verifies every branch
+                    emitted, kept = self._verify_tree(proposal, token, pos, params, gen, stats, controller)
+                    if reader is not None:
+                        reader.observe_features(pos, kept)
+                    tokens.extend(emitted)
+                    pos += len(emitted)
+                    token = emitted[-1]
+                    produced += len(emitted)
+                    yield emitted
+                    continue
                 k = len(proposal)
                 inp = torch.tensor([token, *proposal.tokens])  # [k + 1]
                 logits, hidden = model.forward_hidden(inp, pos)  # [k + 1, V], [k + 1, D]
@@ -260,6 +271,27 @@ class Engine:
         finally:
             if grammar is not None:
                 stats.grammar_s += grammar.seconds
+
+    def _verify_tree(self, proposal: Proposal, token: int, pos: int, params: SamplingParams,
+                     gen: torch.Generator, stats: SpecStats, controller: SpeculationController,
+                     ) -> tuple[list[int], torch.Tensor]:
+        """Verify a draft tree rooted at `token` (position `pos`) -> (emitted tokens, the target's
+        features (n, D) of the positions whose inputs were kept: the root, then the accepted nodes)."""
+        assert proposal.parents is not None and self.drafter is not None
+        model = self.target.model
+        tree = TokenTree(proposal.tokens, proposal.parents)
+        tree = tree.truncated(min(len(tree), model.max_seq_len - pos - 1))  # room in the cache
+        inp = torch.tensor([token, *tree.tokens])  # [N + 1]
+        logits, hidden = model.forward_hidden(inp, pos, tree=tree)  # [N + 1, V], [N + 1, D]
+        stats.target_passes += 1
+        verdict = verify_tree(tree, logits, params, gen)
+        model.keep_path(pos, verdict.rows)
+        n = verdict.num_accepted
+        self.drafter.observe(len(tree), n)
+        controller.observe(len(tree), n, proposal.model_drafted)
+        stats.record_tree(proposal.sources[0] if proposal.sources else "draft", len(tree), tree.depth, n)
+        emitted = [*(int(inp[r]) for r in verdict.rows), verdict.next_token]
+        return emitted, hidden[[0, *verdict.rows]]
 
 
 def grammar_masks(grammar: Grammar, drafts: list[int]) -> torch.Tensor:

@@ -13,6 +13,7 @@ class SpecStats:
     verify_passes: int = 0  # target passes that verified at least one draft token
     target_passes: int = 0  # every target forward, prefill included
     paused_steps: int = 0  # decode steps where the controller chose not to speculate
+    tree_passes: int = 0  # verify passes of a draft tree (decoding/tree.py) rather than a chain
     grammar_s: float = 0.0  # time inside the grammar (masks, advance, rollback), drafters' calls included
     # [position] how often a draft was proposed / accepted at that offset of a proposal
     per_position_drafted: list[int] = field(default_factory=list)
@@ -37,6 +38,23 @@ class SpecStats:
                 self.per_position_accepted[i] += 1
                 counts[1] += 1
 
+    def record_tree(self, source: str, nodes: int, depth: int, num_accepted: int) -> None:
+        """One verify pass of a draft tree of `nodes` tokens `depth` deep, `num_accepted` deep kept;
+        per position counts the tree's depths."""
+        self.draft_tokens += nodes
+        self.accepted_tokens += num_accepted
+        self.verify_passes += 1
+        self.tree_passes += 1
+        while len(self.per_position_drafted) < depth:
+            self.per_position_drafted.append(0)
+            self.per_position_accepted.append(0)
+        for i in range(depth):
+            self.per_position_drafted[i] += 1
+            self.per_position_accepted[i] += i < num_accepted
+        counts = self.by_source.setdefault(source, [0, 0])
+        counts[0] += nodes
+        counts[1] += num_accepted
+
     @property
     def acceptance_rate(self) -> float:
         return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
@@ -52,6 +70,7 @@ class SpecStats:
         self.verify_passes += other.verify_passes
         self.target_passes += other.target_passes
         self.paused_steps += other.paused_steps
+        self.tree_passes += other.tree_passes
         self.grammar_s += other.grammar_s
         for i, (d, a) in enumerate(zip(other.per_position_drafted, other.per_position_accepted, strict=True)):
             if i >= len(self.per_position_drafted):
@@ -73,6 +92,7 @@ class SpecStats:
             "verify_passes": self.verify_passes,
             "target_passes": self.target_passes,
             "paused_steps": self.paused_steps,
+            "tree_passes": self.tree_passes,
             "grammar_s": round(self.grammar_s, 6),
             "per_position_acceptance": [
                 round(a / d, 4) if d else 0.0

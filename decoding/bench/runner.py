@@ -19,7 +19,9 @@ from decoding.bench.constrained import run_constrained
 from decoding.bench.report import BenchReport, Divergence, Measurement, Row
 from decoding.bench.workload import CATEGORIES, CONSTRAINED, BenchPrompt, load_workload
 from decoding.build import Draft, build_drafter, draft_drafter, load_draft
+from decoding.draft_head import DraftHead
 from decoding.drafters import NgramDrafter
+from decoding.drafters.head_tree import TreeShape
 from decoding.generate import Engine, GenerationConfig
 from decoding.loading import LoadedModel, embedded_gguf_path, load_model
 from decoding.sampling import SamplingParams
@@ -78,6 +80,11 @@ def build_configs(target: LoadedModel, draft: Draft | None, options: BenchOption
         configs.append(Config("engine draft", _engine_run(draft_engine, True, t), ref))
         composite = build_drafter(["ngram", "draft"], target, draft, 8)
         configs.append(Config("engine ngram+draft", _engine_run(Engine(target, composite), True, t), ref))
+        if isinstance(draft, DraftHead):  # a head can draft a tree per pass instead of a chain
+            tree_engine = Engine(target, draft_drafter(draft, target, 8, TreeShape()))
+            configs.append(Config("engine draft tree", _engine_run(tree_engine, True, t), ref))
+            composite = build_drafter(["ngram", "draft"], target, draft, 8, TreeShape())
+            configs.append(Config("engine ngram+draft tree", _engine_run(Engine(target, composite), True, t), ref))
     if options.include_hf and greedy:
         # HF's assisted generation runs a standalone draft model; a draft head has no HF form, so against
         # a head HF's best is prompt lookup

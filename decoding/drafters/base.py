@@ -21,6 +21,18 @@ class Proposal:
     sources: list[str] = field(default_factory=list)
     # how many of the tokens a model had to run for (the rest were free)
     model_drafted: int = 0
+    # a draft tree (decoding/tree.py): each token's parent among the tokens, -1 for the root; None for a
+    # chain. Tree tokens are deterministic (probs None) and verified by walking the tree.
+    parents: list[int] | None = None
+
+    def chain(self) -> Proposal:
+        """A chain for a caller that cannot verify a tree: the tree's first branch, still deterministic."""
+        if self.parents is None:
+            return self
+        from decoding.tree import TokenTree
+
+        tokens = TokenTree(self.tokens, self.parents).first_path()
+        return Proposal(tokens=tokens, sources=self.sources[: len(tokens)], model_drafted=self.model_drafted)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -59,6 +71,11 @@ class Drafter(ABC):
 
     def observe_features(self, start: int, features: torch.Tensor) -> None:  # noqa: B027 - optional hook
         """The target's final hidden states (T, D) of the verified positions [start, start + T)."""
+
+    @property
+    def max_nodes(self) -> int:
+        """The most tokens one proposal holds (a tree's nodes can outnumber its depth); 0: max_tokens."""
+        return 0
 
     @property
     def cost_per_token(self) -> float:

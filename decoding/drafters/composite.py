@@ -33,7 +33,7 @@ class CompositeDrafter(DrafterGroup):
             if total >= max_tokens:
                 break
             drafted = [t for p in parts for t in p.tokens]
-            part = drafter.propose(context + drafted, max_tokens - total, params, generator, grammar)
+            part = drafter.propose(context + drafted, max_tokens - total, params, generator, grammar).chain()
             if grammar is not None:  # the next drafter continues from the grammar state after this part
                 for token in part.tokens:
                     grammar.accept(token)

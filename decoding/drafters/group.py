@@ -27,6 +27,10 @@ class DrafterGroup(Drafter):
         return max(d.cost_per_token for d in self.drafters)
 
     @property
+    def max_nodes(self) -> int:
+        return max(d.max_nodes for d in self.drafters)
+
+    @property
     def uses_features(self) -> bool:
         return any(d.uses_features for d in self.drafters)
 

@@ -16,6 +16,7 @@ from decoding.draft_head import DraftHead
 from decoding.drafters.base import Drafter, Proposal
 from decoding.drafters.chain import draft_chain
 from decoding.drafters.draft_model import common_prefix_length
+from decoding.drafters.head_tree import TreeShape, grow_tree
 from decoding.sampling import SamplingParams
 
 
@@ -23,10 +24,12 @@ class HeadDrafter(Drafter):
     name = "draft"
 
     def __init__(self, head: DraftHead, max_tokens: int = 8, cost_per_token: float = 0.05,
-                 min_peak: float = 0.0) -> None:
+                 min_peak: float = 0.0, tree: TreeShape | None = None) -> None:
         self.head = head
         self.max_tokens = max_tokens
         self.min_peak = min_peak  # stop the chain before a draft the model is less sure of (chain.py)
+        self.tree = tree  # draft a tree (head_tree.py) instead of a chain, where no grammar constrains
+        self._drafted_tree = False
         self._cost = cost_per_token
         self._features = torch.zeros(0, head.config.dim)  # [S, D] the target's, by position
         self.reset()
@@ -89,6 +92,11 @@ class HeadDrafter(Drafter):
             out, lg = self.head.step(ctx[pos + 1 : pos + 2], feature, pos)
             feature, logits, pos = out, lg[-1], pos + 1
         assert logits is not None
+        self._drafted_tree = self.tree is not None and grammar is None
+        if self.tree is not None and grammar is None:
+            tree, steps = grow_tree(self.head, logits, feature, last, self.tree, max_tokens, params)
+            return Proposal(tokens=tree.tokens, sources=[self.name] * len(tree), model_drafted=steps + 1,
+                            parents=tree.parents)
 
         def step(token: int, i: int) -> torch.Tensor:
             nonlocal feature  # each draft reads the feature the head predicted for the one before
@@ -98,5 +106,10 @@ class HeadDrafter(Drafter):
         return draft_chain(self.name, logits, k, params, generator, grammar, step, self.head.vocab,
                            self.head.config.target_vocab_size, self.min_peak)
 
+    @property
+    def max_nodes(self) -> int:
+        return self.tree.nodes if self.tree is not None else self.max_tokens
+
     def observe(self, num_proposed: int, num_accepted: int) -> None:
-        self.length.update(num_proposed, num_accepted)
+        if not self._drafted_tree:  # a tree's depth does not follow the chain's schedule
+            self.length.update(num_proposed, num_accepted)

@@ -7,12 +7,14 @@ import torch
 
 from decoding.build import MIN_DRAFT_PEAK
 from decoding.drafters import CompositeDrafter, Drafter, DraftModelDrafter, FallbackDrafter, HeadDrafter, NgramDrafter
+from decoding.drafters.head_tree import TreeShape
 from decoding.generate import Engine, GenerationConfig
 from decoding.loading import LoadedModel
 from decoding.stats import SpecStats
 from tests.conftest import TinyFactory, perturbed_copy
 from tests.decoding.heads import trained_head
 
+TREE = TreeShape(nodes=8, branch=3, width=2, depth=5, min_score=0.0)
 PROMPTS = [
     [0, 3, 4, 5, 3, 4, 5, 3, 4],  # repetitive: the n-gram drafter has matches
     [0, 7, 2, 9, 11, 2, 9],
@@ -39,6 +41,14 @@ def _drafters(target: LoadedModel, kind: str) -> Drafter:
     if kind == "ngram|eagle-head-cut":  # the shipped arrangement, with the confidence cut of the shipped default
         return FallbackDrafter([NgramDrafter(min_n=2, max_n=3),
                                 HeadDrafter(trained_head(target, "eagle"), max_tokens=6, min_peak=MIN_DRAFT_PEAK)])
+    if kind == "eagle-head-tree":  # a draft tree per pass, verified by walking it (decoding/tree.py)
+        return HeadDrafter(trained_head(target, "eagle"), max_tokens=6, tree=TREE)
+    if kind == "ngram|eagle-head-tree":  # the shipped arrangement
+        return FallbackDrafter([NgramDrafter(min_n=2, max_n=3),
+                                HeadDrafter(trained_head(target, "eagle"), max_tokens=6, tree=TREE)])
+    if kind == "ngram+eagle-head-tree":  # chained after the n-gram's tokens, the tree's first branch
+        return CompositeDrafter([NgramDrafter(min_n=2, max_n=3, max_tokens=2),
+                                 HeadDrafter(trained_head(target, "eagle"), max_tokens=6, tree=TREE)])
     draft = DraftModelDrafter(perturbed_copy(target.model, seed=7, noise=0.05), max_tokens=6)
     if kind == "draft-cut":
         return DraftModelDrafter(perturbed_copy(target.model, seed=7, noise=0.05), max_tokens=6, min_peak=0.5)
@@ -49,7 +59,8 @@ def _drafters(target: LoadedModel, kind: str) -> Drafter:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("kind", ["ngram", "draft", "composite", "eagle-head", "tokens-head", "ngram+eagle-head",
-                                  "draft-cut", "ngram|eagle-head-cut"])
+                                  "draft-cut", "ngram|eagle-head-cut", "eagle-head-tree", "ngram|eagle-head-tree",
+                                  "ngram+eagle-head-tree"])
 def test_speculative_greedy_equals_target_only(tiny_model: TinyFactory, dtype: torch.dtype, kind: str) -> None:
     target = tiny_model(vocab_size=64, dtype=dtype, seed=1, logit_scale=2.0)
     base = Engine(target)
@@ -65,6 +76,8 @@ def test_speculative_greedy_equals_target_only(tiny_model: TinyFactory, dtype: t
     # and some were rejected too, so the rollback path ran
     assert total.accepted_tokens < total.draft_tokens
     assert total.target_passes < 4 * 40 + 4, "speculation should save target passes"
+    if kind in ("eagle-head-tree", "ngram|eagle-head-tree"):
+        assert total.tree_passes > 0, "the tree path ran"
 
 
 def test_speculation_off_per_request_uses_no_drafts(tiny_model: TinyFactory) -> None:

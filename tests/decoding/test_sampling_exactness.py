@@ -28,6 +28,7 @@ from decoding.drafters import (
     NgramDrafter,
 )
 from decoding.drafters.base import Proposal
+from decoding.drafters.head_tree import TreeShape
 from decoding.generate import Engine, GenerationConfig
 from decoding.loading import LoadedModel
 from decoding.model import Transformer
@@ -103,6 +104,8 @@ def _target(tiny_model: TinyFactory) -> LoadedModel:
     return tiny_model(vocab_size=VOCAB, dtype=torch.float64, seed=3, logit_scale=0.5, n_layers=1)
 
 
+# a small tree: at the root, its 3 most likely tokens, each expanded by its 2 best (VOCAB is tiny)
+TREE = TreeShape(nodes=6, branch=3, width=3, depth=2, min_score=0.0)
 # confidence cuts (drafters/chain.py) that bind for a good share of these drafts' distributions
 CUT = 0.4
 HEAD_CUT = 0.6
@@ -145,6 +148,11 @@ def _drafter(kind: str, target: LoadedModel) -> Drafter:
         return NgramDrafter(min_n=1, max_n=3, max_tokens=2)
     if kind == "eagle-head":  # emits 4 of the 5 tokens: q is zero on the last, as for a real head's subset
         return HeadDrafter(trained_head(target, "eagle", updates=6, vocab=torch.arange(4)), max_tokens=2)
+    if kind == "eagle-head-tree":  # deterministic drafts, verified by walking the tree
+        return HeadDrafter(trained_head(target, "eagle", updates=20), max_tokens=2, tree=TREE)
+    if kind == "ngram|eagle-head-tree":
+        return FallbackDrafter([NgramDrafter(min_n=2, max_n=3, max_tokens=2),
+                                HeadDrafter(trained_head(target, "eagle", updates=20), max_tokens=2, tree=TREE)])
     if kind == "ngram+eagle-head":
         return CompositeDrafter([NgramDrafter(min_n=2, max_n=3, max_tokens=1),
                                  HeadDrafter(trained_head(target, "eagle", updates=20), max_tokens=2)])
@@ -164,7 +172,8 @@ PARAMS = {
     [("draft", "t1.0"), ("draft", "t0.7"), ("draft", "topk3"), ("draft", "topp0.8"),
      ("ngram", "t1.0"), ("ngram", "topk3"), ("ngram", "topp0.8"), ("composite", "t0.7"),
      ("eagle-head", "t1.0"), ("eagle-head", "topk3"), ("ngram+eagle-head", "t0.7"),
-     ("draft-cut", "t1.0"), ("draft-cut", "topp0.8"), ("ngram|eagle-head-cut", "t1.0")],
+     ("draft-cut", "t1.0"), ("draft-cut", "topp0.8"), ("ngram|eagle-head-cut", "t1.0"),
+     ("eagle-head-tree", "t1.0"), ("eagle-head-tree", "topp0.8"), ("ngram|eagle-head-tree", "t0.7")],
 )
 def test_speculative_sampling_matches_target_distribution(tiny_model: TinyFactory, kind: str, params_name: str) -> None:
     target = _target(tiny_model)

@@ -1,0 +1,103 @@
+"""Grow a draft tree with a draft head, after EAGLE-2: expand the most likely nodes depth by depth, keep
+the most likely nodes overall.
+
+A node's score is the product of the head's probabilities along its path (its chance of acceptance if
+the head were right about the target). Each depth, the `width` best unexpanded nodes of the last depth
+run through the head in one step (each row reads the context and its own ancestors) and each gets its
+`branch` most likely tokens as children. Expansion stops at `depth`, or when no node of the last depth
+scores at least `min_score`. The `nodes` best-scoring nodes make the tree: a child never scores above
+its parent, so the selection keeps every chosen node's ancestors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from decoding.draft_head import DraftHead
+from decoding.sampling import SamplingParams, processed_probs
+from decoding.tree import TokenTree
+
+
+@dataclass(frozen=True)
+class TreeShape:
+    nodes: int = 12  # nodes verified per pass
+    branch: int = 3  # children of an expanded node
+    width: int = 3  # nodes expanded per depth
+    depth: int = 6  # deepest node
+    min_score: float = 0.05  # expand a depth only if its best node scores at least this
+
+
+@dataclass(eq=False)
+class _Node:
+    token: int
+    parent: int  # -1: the root
+    depth: int
+    score: float
+    slot: int = -1  # the head's cache slot, once expanded
+    feature: torch.Tensor | None = None  # (1, D) the head's predicted feature, once expanded
+
+
+def _feature(node: _Node) -> torch.Tensor:
+    assert node.feature is not None, "a parent is expanded before its children"
+    return node.feature  # (1, D)
+
+
+def _ranked(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    # logits: (R, Vd) -> (R, Vd) the head's distribution, processed as the target's will be sampled
+    if params.greedy:
+        return torch.softmax(logits.float(), dim=-1)
+    return processed_probs(logits.float(), params)
+
+
+def grow_tree(head: DraftHead, logits: torch.Tensor, feature: torch.Tensor, last: int, shape: TreeShape,
+              max_depth: int, params: SamplingParams) -> tuple[TokenTree, int]:
+    """logits: (Vd,) the head's for the first draft; feature: (1, D) its predicted feature of the
+    position before; the drafts start at position and cache slot `last`. -> (tree, head steps run)."""
+    vocab = head.vocab
+    nodes: list[_Node] = []
+    probs = _ranked(logits.unsqueeze(0), params)[0]  # (Vd,)
+    top = torch.topk(probs, shape.branch)
+    frontier: list[int] = []
+    for p, j in zip(top.values.tolist(), top.indices.tolist(), strict=True):
+        if p > 0:
+            nodes.append(_Node(int(vocab[j]), -1, 1, p))
+            frontier.append(len(nodes) - 1)
+    slot, steps = last, 0
+    depth_limit = min(shape.depth, max_depth)
+    for depth in range(1, depth_limit):
+        frontier = sorted(frontier, key=lambda i: -nodes[i].score)[: shape.width]
+        if not frontier or nodes[frontier[0]].score < shape.min_score or slot + len(frontier) > head.max_seq_len:
+            break
+        expanded, expand = frontier, [nodes[i] for i in frontier]
+        mask = torch.zeros(len(expand), slot + len(expand), dtype=torch.bool)  # (W, slot + W)
+        mask[:, :last] = True  # the context
+        for r, node in enumerate(expand):
+            node.slot = slot + r
+            a: _Node | None = node
+            while a is not None:  # the node and its ancestors
+                mask[r, a.slot] = True
+                a = nodes[a.parent] if a.parent >= 0 else None
+        parents = torch.cat([feature if n.parent < 0 else _feature(nodes[n.parent]) for n in expand])  # (W, D)
+        tokens = torch.tensor([n.token for n in expand])  # (W,)
+        positions = torch.full((len(expand),), last + depth - 1)  # (W,)
+        out, lg = head.step(tokens, parents, slot, positions, mask)  # (W, D), (W, Vd)
+        steps += 1
+        slot += len(expand)
+        probs = _ranked(lg, params)  # (W, Vd)
+        top = torch.topk(probs, shape.branch, dim=-1)
+        frontier = []
+        for r, i in enumerate(expanded):
+            nodes[i].feature = out[r : r + 1]
+            for p, j in zip(top.values[r].tolist(), top.indices[r].tolist(), strict=True):
+                if p > 0:
+                    nodes.append(_Node(int(vocab[j]), i, depth + 1, nodes[i].score * p))
+                    frontier.append(len(nodes) - 1)
+    # the best nodes; ties go to the shallower (so a parent before a child with its score), then older
+    chosen = sorted(range(len(nodes)), key=lambda i: (-nodes[i].score, nodes[i].depth, i))[: shape.nodes]
+    order = sorted(chosen, key=lambda i: (nodes[i].depth, i))  # breadth first: parents before children
+    renumber = {old: new for new, old in enumerate(order)}
+    tokens_out = [nodes[i].token for i in order]
+    parents_out = [-1 if nodes[i].parent < 0 else renumber[nodes[i].parent] for i in order]
+    return TokenTree(tokens_out, parents_out), steps
