@@ -108,9 +108,11 @@ def build_engine(
     dtype: str = "auto",
     max_draft_tokens: int = 8,
     with_grammar: bool = False,
+    draft_tree: bool = True,
 ) -> Engine:
     """`drafters` None: n-gram, plus the draft when there is one (given, or shipped for the target);
-    `with_grammar` puts the grammar-forced drafter first (for constrained requests)."""
+    `with_grammar` puts the grammar-forced drafter first (for constrained requests); `draft_tree`: a
+    draft head drafts a tree per pass (TreeShape's default), else a chain."""
     target_model = load_model(target, dtype)
     wants_draft = drafters is None or "draft" in drafters
     draft_model = load_draft(draft, target_model, dtype) if wants_draft else None
@@ -118,5 +120,6 @@ def build_engine(
         drafters = ("ngram", "draft") if draft_model is not None else ("ngram",)
     if with_grammar and "grammar" not in drafters:
         drafters = ("grammar", *drafters)
-    drafter = build_drafter(list(drafters), target_model, draft_model, max_draft_tokens)
+    tree = TreeShape() if draft_tree else None
+    drafter = build_drafter(list(drafters), target_model, draft_model, max_draft_tokens, tree)
     return Engine(target_model, drafter, max_draft_tokens=max_draft_tokens)

@@ -32,7 +32,8 @@ def _generate(args: argparse.Namespace) -> int:
 
     drafters = tuple(args.drafters) if args.drafters else None
     structured = bool(args.tools or args.json_schema or args.json_object)
-    engine = build_engine(args.model, drafters, args.draft, args.dtype, args.max_draft_tokens, with_grammar=structured)
+    engine = build_engine(args.model, drafters, args.draft, args.dtype, args.max_draft_tokens, with_grammar=structured,
+                          draft_tree=not args.draft_chain)
     messages = [{"role": "user", "content": args.prompt}]
     if args.system:
         messages.insert(0, {"role": "system", "content": args.system})
@@ -178,6 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--dtype", default="auto", help="auto (bf16 where the CPU has it), bf16, fp32")
     gen.add_argument("--max-tokens", type=int, default=256)
     gen.add_argument("--max-draft-tokens", type=int, default=8)
+    gen.add_argument("--draft-chain", action="store_true",
+                     help="a draft head drafts one chain per pass instead of a tree of alternatives")
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--top-k", type=int, default=0)
     gen.add_argument("--top-p", type=float, default=1.0)

@@ -17,6 +17,7 @@ from decoding.constraints.bounds import Bounds
 class Speculative:
     enabled: bool = True
     max_draft_tokens: int = 8
+    draft_tree: bool = True  # a draft head drafts a tree of alternatives per pass, else one chain
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_draft_tokens <= 32:

@@ -15,7 +15,7 @@ routes:
     local:
       target: embedded
       drafters: [grammar, ngram]
-      speculative: {enabled: true, max_draft_tokens: 6}
+      speculative: {enabled: true, max_draft_tokens: 6, draft_tree: false}
       constraints: {backend: xgrammar, compile_timeout_s: 5}
   - model: remote-model
     upstream: {litellm_model: openai/some-model, api_base: "http://127.0.0.1:9000/v1", api_key_env: UPSTREAM_KEY}
@@ -27,6 +27,7 @@ def test_the_shipped_default_policy_loads() -> None:
     route = policy.route("smollm2-135m")
     assert route is not None and route.local is not None
     assert route.local.speculative.enabled and route.local.constraints.backend == "outlines"
+    assert route.local.speculative.draft_tree
     assert route.local.constraints.bounds is not None
 
 
@@ -36,6 +37,7 @@ def test_a_full_policy_parses_with_types_and_defaults(tmp_path: Path) -> None:
     policy = load_policy(path)
     local = policy.routes[0].local
     assert local is not None and local.speculative.max_draft_tokens == 6 and local.dtype == "auto"
+    assert not local.speculative.draft_tree
     assert local.constraints.compile_timeout_s == 5.0 and local.constraints.bounds is None
     upstream = policy.routes[1].upstream
     assert upstream is not None and upstream.api_key_env == "UPSTREAM_KEY"
