@@ -50,6 +50,9 @@ def load_head_for(path: Path, target: LoadedModel) -> DraftHead:
     model = target.model
     head = load_head(path, model.tok_embeddings.weight.detach(), model.output.weight.detach(),
                      target.tokenizer.fingerprint())
+    beyond = [i for i in head.config.feature_layers if not 0 <= i < model.args.n_layers]
+    if beyond:
+        raise ModelLoadError(f"{path}: the head reads target blocks {beyond}, the target has {model.args.n_layers}")
     return head.prepare_inference(model.dtype)
 
 

@@ -4,6 +4,9 @@ Two designs, one module (`draftgate distill` trains either; the model card says 
 - "eagle" (after EAGLE, Li et al. 2024): each position reads the target's final hidden state f_i and
   the embedding of the token that followed, x_{i+1}, and predicts f_{i+1} and so the token after.
   Beyond the last verified position it reads its own predicted features.
+- "eagle3" (after EAGLE-3, Li et al. 2025): as "eagle", but the verified positions read several depths
+  of the target at once, its final hidden state and the residual stream after `feature_layers`, fused
+  by one linear layer to a D-wide feature; drafted positions read the head's own previous output.
 - "tokens": an independent small causal LM that reads token embeddings only.
 
 Either way the draft computes logits over a fixed subset of the vocabulary (the tokens the target
@@ -26,7 +29,7 @@ from decoding.errors import ModelLoadError, TokenizerMismatchError
 from decoding.model import Block, KVCache, ModelArgs, RMSNorm, rope_tables
 from decoding.packing import pack_linears
 
-DESIGNS = ("eagle", "tokens")
+DESIGNS = ("eagle", "eagle3", "tokens")
 FORMAT = "draftgate-draft-head/1"
 
 
@@ -42,10 +45,20 @@ class HeadConfig:
     norm_eps: float = 1e-5
     rope_base: float = 10000.0
     max_seq_len: int = 8192
+    feature_layers: tuple[int, ...] = ()  # eagle3: target blocks whose residual stream it reads too
 
     def __post_init__(self) -> None:
         if self.design not in DESIGNS:
             raise ModelLoadError(f"unknown draft head design {self.design!r} (known: {', '.join(DESIGNS)})")
+        object.__setattr__(self, "feature_layers", tuple(sorted(self.feature_layers)))  # JSON gives a list
+        if (self.design == "eagle3") != bool(self.feature_layers):
+            raise ModelLoadError(f"a {self.design} head {'needs' if self.design == 'eagle3' else 'takes no'} "
+                                 "feature layers")
+
+    @property
+    def feature_width(self) -> int:
+        """Width of the target features a verified position reads: D, or (1 + layers) D for eagle3."""
+        return self.dim * (1 + len(self.feature_layers))
 
     @property
     def block_args(self) -> ModelArgs:
@@ -56,13 +69,20 @@ class HeadConfig:
         )
 
     @classmethod
-    def for_target(cls, target: ModelArgs, design: str, n_layers: int = 1) -> HeadConfig:
+    def for_target(cls, target: ModelArgs, design: str, n_layers: int = 1,
+                   feature_layers: tuple[int, ...] = ()) -> HeadConfig:
         """Layers shaped like the target's, so its features need no projection."""
         return cls(
             design=design, target_vocab_size=target.vocab_size, dim=target.dim, n_layers=n_layers,
             n_heads=target.n_heads, n_kv_heads=target.n_kv_heads, intermediate_size=target.intermediate_size,
             norm_eps=target.norm_eps, rope_base=target.rope_base, max_seq_len=target.max_seq_len,
+            feature_layers=feature_layers,
         )
+
+
+def default_feature_layers(target_layers: int) -> tuple[int, ...]:
+    """A low and a middle block of the target (EAGLE-3 reads low, middle and high; high is the final state)."""
+    return tuple(sorted({min(2, target_layers - 1), target_layers // 2}))
 
 
 class DraftHead(nn.Module):
@@ -75,8 +95,10 @@ class DraftHead(nn.Module):
     def __init__(self, config: HeadConfig, vocab: torch.Tensor) -> None:
         super().__init__()
         self.config = config
-        fc_in = 2 * config.dim if config.design == "eagle" else config.dim
+        fc_in = 2 * config.dim if config.design != "tokens" else config.dim
         self.fc = nn.Linear(fc_in, config.dim, bias=False)
+        # eagle3: the target's features at several depths (T, (1 + L) D) -> one feature (T, D)
+        self.fuse = nn.Linear(config.feature_width, config.dim, bias=False) if config.feature_layers else None
         self.layers = nn.ModuleList(Block(config.block_args) for _ in range(config.n_layers))
         self.norm = RMSNorm(config.dim, config.norm_eps)
         self.register_buffer("vocab", vocab.to(torch.int64).clone())  # (Vd,) target ids the draft can emit
@@ -89,7 +111,14 @@ class DraftHead(nn.Module):
 
     @property
     def uses_features(self) -> bool:
-        return self.config.design == "eagle"
+        return self.config.design != "tokens"
+
+    def read_features(self, features: torch.Tensor) -> torch.Tensor:
+        """(T, D) features for the fc: the target's several depths fused (eagle3), or as given (the
+        target's final state, or the head's own prediction at drafted positions)."""
+        if self.fuse is not None and features.shape[-1] == self.config.feature_width:
+            return self.fuse(features)
+        return features
 
     @property
     def blocks(self) -> list[Block]:
@@ -135,11 +164,11 @@ class DraftHead(nn.Module):
         self.rope_cos, self.rope_sin = cos[:max_seq_len], sin[:max_seq_len]
 
     def inputs(self, tokens: torch.Tensor, features: torch.Tensor | None) -> torch.Tensor:
-        # tokens: (T,) the token after each position; features: (T, D) the target's (eagle) -> (T, D)
+        # tokens: (T,) the token after each position; features: (T, D) or (T, feature_width) -> (T, D)
         emb = self.embeddings[tokens].to(self.dtype)
         if self.uses_features:
             assert features is not None, "an eagle head needs the target's features"
-            emb = torch.cat([emb, features.to(self.dtype)], dim=-1)  # (T, 2D)
+            emb = torch.cat([emb, self.read_features(features.to(self.dtype))], dim=-1)  # (T, 2D)
         return self.fc(emb)
 
     @torch.inference_mode()

@@ -208,7 +208,9 @@ class Engine:
         try:
             tokens = list(prompt)
             reader = drafter if drafter is not None and drafter.uses_features else None  # reads target features
-            logits, hidden = model.forward_hidden(torch.tensor(tokens), 0, last_only=True)  # [1, V], [P, D]
+            taps = reader.feature_layers if reader is not None else ()
+            logits, hidden = model.forward_hidden(torch.tensor(tokens), 0, last_only=True,
+                                                  feature_layers=taps)  # [1, V], [P, F]
             stats.target_passes += 1
             if reader is not None:
                 reader.observe_features(0, hidden)
@@ -230,7 +232,7 @@ class Engine:
                     else:
                         stats.paused_steps += 1
                 if proposal.parents is not None:  # a draft tree: one pass verifies every branch
-                    emitted, kept = self._verify_tree(proposal, token, pos, params, gen, stats, controller)
+                    emitted, kept = self._verify_tree(proposal, token, pos, params, gen, stats, controller, taps)
                     if reader is not None:
                         reader.observe_features(pos, kept)
                     tokens.extend(emitted)
@@ -241,7 +243,7 @@ class Engine:
                     continue
                 k = len(proposal)
                 inp = torch.tensor([token, *proposal.tokens])  # [k + 1]
-                logits, hidden = model.forward_hidden(inp, pos)  # [k + 1, V], [k + 1, D]
+                logits, hidden = model.forward_hidden(inp, pos, feature_layers=taps)  # [k + 1, V], [k + 1, F]
                 stats.target_passes += 1
                 masks = grammar_masks(grammar, proposal.tokens) if grammar is not None else None  # [k + 1, V]
                 if k == 0:
@@ -274,15 +276,16 @@ class Engine:
 
     def _verify_tree(self, proposal: Proposal, token: int, pos: int, params: SamplingParams,
                      gen: torch.Generator, stats: SpecStats, controller: SpeculationController,
+                     taps: tuple[int, ...] = (),
                      ) -> tuple[list[int], torch.Tensor]:
         """Verify a draft tree rooted at `token` (position `pos`) -> (emitted tokens, the target's
-        features (n, D) of the positions whose inputs were kept: the root, then the accepted nodes)."""
+        features (n, F) of the positions whose inputs were kept: the root, then the accepted nodes)."""
         assert proposal.parents is not None and self.drafter is not None
         model = self.target.model
         tree = TokenTree(proposal.tokens, proposal.parents)
         tree = tree.truncated(min(len(tree), model.max_seq_len - pos - 1))  # room in the cache
         inp = torch.tensor([token, *tree.tokens])  # [N + 1]
-        logits, hidden = model.forward_hidden(inp, pos, tree=tree)  # [N + 1, V], [N + 1, D]
+        logits, hidden = model.forward_hidden(inp, pos, tree=tree, feature_layers=taps)  # [N + 1, V], [N + 1, F]
         stats.target_passes += 1
         verdict = verify_tree(tree, logits, params, gen)
         model.keep_path(pos, verdict.rows)

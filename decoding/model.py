@@ -76,6 +76,11 @@ class RMSNorm(nn.Module):
         return (self.weight.to(xf.dtype) * xf).to(out_dtype or self.weight.dtype)
 
 
+def unit_rms(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """x (..., D) scaled to unit root-mean-square along D (an RMSNorm without weights)."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+
+
 def rope_tables(args: ModelArgs, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """cos and sin for every position, (max_seq_len, head_dim), half-split layout."""
     hd = args.head_dim
@@ -218,10 +223,13 @@ class Transformer(nn.Module):
 
     @torch.inference_mode()
     def forward_hidden(
-        self, tokens: torch.Tensor, start: int, last_only: bool = False, tree: TokenTree | None = None
+        self, tokens: torch.Tensor, start: int, last_only: bool = False, tree: TokenTree | None = None,
+        feature_layers: tuple[int, ...] = (),
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits as `forward`, and the final normed hidden state (T, D) in float32 of every position:
-        the features a draft head (decoding/draft_head.py) reads. With a `tree` (decoding/tree.py) the
+        the features a draft head (decoding/draft_head.py) reads. With `feature_layers` the residual
+        stream after each of those blocks follows it, RMS-normalised: (T, (1 + L) D), what a head that
+        reads several depths of the target takes (EAGLE-3). With a `tree` (decoding/tree.py) the
         tokens are its root and nodes, each at its depth's position, reading only its ancestors; their
         cache entries land in slots [start, start + T) until `keep_path` compacts the accepted ones."""
         t = tokens.shape[0]
@@ -240,13 +248,18 @@ class Transformer(nn.Module):
             k_pos = torch.arange(end).unsqueeze(0)  # (1, end)
             mask = k_pos <= q_pos  # (T, end)
         x = self.tok_embeddings(tokens).unsqueeze(0).to(self.residual_dtype)  # (1, T, D) residual stream
-        for layer in self.blocks:
+        taps: list[torch.Tensor] = []  # (T, D) each: the residual stream after the feature layers
+        for i, layer in enumerate(self.blocks):
             x = layer(x, cos, sin, start, mask)
+            if i in feature_layers:
+                taps.append(unit_rms(x[0]))  # (T, D) in the residual dtype, as the final state
         hidden = self.norm(x, out_dtype=self.residual_dtype)[0]  # (T, D) final hidden state, float32
         h = hidden[-1:] if last_only else hidden  # (T or 1, D)
         logits = self.output(h.to(self.dtype))  # (T or 1, V)
         if self.dtype not in (torch.float32, torch.float64):
             logits = self.refine_top_logits(h, logits.to(h.dtype)).float()
+        if taps:
+            hidden = torch.cat([hidden, *taps], dim=-1)  # (T, (1 + L) D)
         return logits, hidden
 
     def keep_path(self, start: int, rows: list[int]) -> None:

@@ -131,15 +131,24 @@ def _distill(args: argparse.Namespace) -> int:
     from decoding.distill.data import DataConfig
     from decoding.distill.run import distill
     from decoding.distill.train import TrainConfig
+    from decoding.draft_head import default_feature_layers
     from decoding.loading import load_model
 
     target = load_model(args.model, args.dtype)
+    taps: tuple[int, ...] = ()
+    if args.design == "eagle3":
+        taps = (tuple(int(i) for i in args.feature_layers.split(",")) if args.feature_layers
+                else default_feature_layers(target.model.args.n_layers))
+        beyond = [i for i in taps if not 0 <= i < target.model.args.n_layers]
+        if beyond:
+            raise SystemExit(f"--feature-layers {beyond}: the target has blocks 0 .. {target.model.args.n_layers - 1}")
     data = DataConfig(seed=args.seed, stage_one=args.stage_one, stage_two=args.stage_two,
                       agent_prompts=args.agent_prompts, max_new_tokens=args.max_new_tokens,
-                      text_sequences=args.text_sequences)
-    config = TrainConfig(design=args.design, n_layers=args.layers, steps=args.steps if args.design == "eagle" else 1,
+                      text_sequences=args.text_sequences, feature_layers=taps)
+    config = TrainConfig(design=args.design, n_layers=args.layers, steps=args.steps if args.design != "tokens" else 1,
                          vocab_size=args.vocab_size, lr=args.lr, epochs=args.epochs, minutes=args.minutes,
-                         seed=args.seed, tokens_per_update=args.tokens_per_update, prompt_weight=args.prompt_weight)
+                         seed=args.seed, tokens_per_update=args.tokens_per_update, prompt_weight=args.prompt_weight,
+                         feature_layers=taps)
     out = Path(args.out or f"draft-{target.name}-{args.design}.safetensors")
     card = distill(target, out, data, config, resume=args.resume, data_file=Path(args.data) if args.data else None)
     out.with_suffix(".md").write_text(card_markdown(card, f"Draft head for {target.name} ({args.design})"))
@@ -215,8 +224,11 @@ def build_parser() -> argparse.ArgumentParser:
     dist = sub.add_parser("distill", help="train a draft head for a target from the target's own generations")
     dist.add_argument("--model", default="embedded", help="the target to distill")
     dist.add_argument("--out", default=None, help="the draft head file to write (.safetensors)")
-    dist.add_argument("--design", default="eagle", choices=["eagle", "tokens"],
-                      help="eagle: reads the target's hidden states; tokens: an independent small LM")
+    dist.add_argument("--design", default="eagle", choices=["eagle", "eagle3", "tokens"],
+                      help="eagle: reads the target's final hidden states; eagle3: those and two earlier depths, "
+                           "fused; tokens: an independent small LM")
+    dist.add_argument("--feature-layers", default=None, metavar="I,J",
+                      help="eagle3: the target blocks read besides the final state (default: block 2 and the middle)")
     dist.add_argument("--layers", type=int, default=1, help="decoder layers in the head")
     dist.add_argument("--steps", type=int, default=3, help="unrolled draft steps per training sequence (eagle)")
     dist.add_argument("--vocab-size", type=int, default=8192, help="tokens the head can emit")

@@ -66,7 +66,7 @@ def prepare_data(target: LoadedModel, config: DataConfig, path: Path | None = No
         return load_sequences(path), path
     started = time.perf_counter()
     sequences = cached_generations(target, config) + text_sequences(target, config)
-    teacher_force(target, sequences)
+    teacher_force(target, sequences, config.feature_layers)
     save_sequences(sequences, path)
     log.info("built %d sequences in %.0f s -> %s", len(sequences), time.perf_counter() - started, path)
     return sequences, path

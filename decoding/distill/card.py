@@ -11,7 +11,10 @@ def card_markdown(card: dict[str, Any], title: str) -> str:
         f"# {title}",
         "",
         f"- target: `{card['target']}`; design: **{card['design']}**, {card['layers']} decoder layer(s), "
-        f"{card['parameters'] / 1e6:.2f} M own parameters (embeddings and LM-head rows are the target's)",
+        f"{card['parameters'] / 1e6:.2f} M own parameters (embeddings and LM-head rows are the target's)"
+        + (f"; reads the target's final hidden state and its residual stream after blocks "
+           f"{', '.join(str(i) for i in training['feature_layers'])}, fused by one linear layer"
+           if training.get("feature_layers") else ""),
         f"- vocabulary: the {card['vocabulary']['size']} tokens the target emits most, covering "
         f"{card['vocabulary']['coverage_of_generated_tokens']:.1%} of its generated tokens",
         f"- data: {data['sequences']} sequences ({data['train_sequences']} train, {data['held_out_sequences']} "

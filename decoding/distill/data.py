@@ -4,7 +4,8 @@
    sequence on this CPU); greedy for most prompts, temperature 0.7 for some, so a draft sees both.
 2. Add text the target reads: standard-library documentation and code as assistant turns (texts.py).
 3. Teacher-force every sequence through the engine's own model: its final hidden state at every
-   position (the features an eagle head reads at decode time, in the engine's numerics) and the top-K of
+   position (the features an eagle head reads at decode time, in the engine's numerics; with feature
+   layers, the residual stream at those depths too, for eagle3 heads) and the top-K of
    its next-token distribution at every position (training weights prompt positions less).
 """
 
@@ -39,6 +40,7 @@ class DataConfig:
     batch_size: int = 16
     text_sequences: int = 480  # standard-library text as assistant turns (teacher-forced, not generated)
     agent_prompts: int = 400  # agent-shaped prompts (agent_prompts.py), generated with stage one
+    feature_layers: tuple[int, ...] = ()  # target blocks stored after the final state (for eagle3 heads)
 
     def generation_key(self) -> dict[str, int | float]:
         """The fields the (slow) generated part depends on: a cache of it outlives changes to the rest."""
@@ -51,7 +53,8 @@ class Sequence:
     category: str
     tokens: torch.Tensor  # (T,) int64: prompt then generation
     prompt_len: int
-    features: torch.Tensor | None = None  # (T, D) bf16: the target's final hidden state per position
+    features: torch.Tensor | None = None  # (T, F) bf16: the target's final hidden state per position, then
+    # the residual stream after each of the data's feature_layers (F = (1 + L) D)
     top_ids: torch.Tensor | None = None  # (T, K) int32: top-K next tokens after each position 0 .. T-1
     top_probs: torch.Tensor | None = None  # (T, K) float16
 
@@ -117,12 +120,12 @@ def text_sequences(target: LoadedModel, config: DataConfig) -> list[Sequence]:
 
 
 @torch.inference_mode()
-def teacher_force(target: LoadedModel, sequences: list[Sequence]) -> None:
+def teacher_force(target: LoadedModel, sequences: list[Sequence], feature_layers: tuple[int, ...] = ()) -> None:
     """Fill each sequence's features and top-K targets from the engine's model."""
     model = target.model
     model.setup_cache(max(len(s.tokens) for s in sequences))
     for seq in tqdm(sequences, desc="teacher forcing", unit="seq"):
-        logits, hidden = model.forward_hidden(seq.tokens, 0)  # (T, V), (T, D)
+        logits, hidden = model.forward_hidden(seq.tokens, 0, feature_layers=feature_layers)  # (T, V), (T, F)
         seq.features = hidden.to(torch.bfloat16)
         probs = torch.softmax(logits.float(), dim=-1)  # (T, V)
         top = probs.topk(min(TOP_K, probs.shape[-1]), dim=-1)

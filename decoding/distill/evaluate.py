@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from decoding.distill.data import Sequence
+from decoding.distill.train import head_features
 from decoding.distill.unroll import unrolled
 from decoding.draft_head import DraftHead
 from decoding.model import Transformer
@@ -25,7 +26,7 @@ def chain_acceptance(head: DraftHead, seq: Sequence, depth: int) -> list[int]:
     assert seq.top_ids is not None and seq.features is not None
     p, n = seq.prompt_len, seq.tokens.shape[0] - 1
     steps = depth if head.uses_features else 1
-    outputs = unrolled(head, seq.tokens, seq.features.float() if head.uses_features else None, steps)
+    outputs = unrolled(head, seq.tokens, head_features(head, seq) if head.uses_features else None, steps)
     assert head.lm_head is not None
     top1 = seq.top_ids[p - 1 :, 0].long()  # target's top-1 after positions p-1 .. T-1
     ok: list[torch.Tensor] = []  # ok[u][j]: step u is right at pair j (j >= p - 2)

@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 class TrainConfig:
     design: str = "eagle"
     n_layers: int = 1
+    feature_layers: tuple[int, ...] = ()  # eagle3: target blocks read besides the final state
     steps: int = 3  # unrolled steps per sequence (1 for a tokens head)
     vocab_size: int = 8192  # the head's output vocabulary (most emitted target tokens)
     lr: float = 1e-3
@@ -71,13 +72,24 @@ def vocab_index(head: DraftHead) -> torch.Tensor:
     return index
 
 
+def head_features(head: DraftHead, seq: Sequence) -> torch.Tensor:
+    """(T, F) float32: the columns of the sequence's stored features that `head` reads (data built for an
+    eagle3 head holds the final state first, so an eagle head trains on the same file)."""
+    assert seq.features is not None
+    width = head.config.feature_width
+    if seq.features.shape[-1] < width:
+        raise ValueError(f"the data holds target features of width {seq.features.shape[-1]}, the head reads "
+                         f"{width}: build the data with the head's feature layers")
+    return seq.features[:, :width].float()
+
+
 def sequence_loss(head: DraftHead, seq: Sequence, config: TrainConfig, index: torch.Tensor,
                   ) -> tuple[torch.Tensor, dict[str, float]]:
     """The weighted loss over steps of one sequence, and per-step top-1 agreement with the target."""
     assert seq.features is not None and seq.top_ids is not None and seq.top_probs is not None
     assert head.lm_head is not None
     p = seq.prompt_len
-    features = seq.features.float()  # (T, D)
+    features = head_features(head, seq)  # (T, F)
     outputs = unrolled(head, seq.tokens, features if head.uses_features else None, config.steps)
     total = torch.zeros(())
     weight_sum = 0.0
@@ -100,7 +112,8 @@ def sequence_loss(head: DraftHead, seq: Sequence, config: TrainConfig, index: to
         ce = -((target * logq.gather(1, sub.clamp_min(0))).sum(-1) * row_w).sum()
         loss = ce
         if head.uses_features:
-            feature_err = F.smooth_l1_loss(rows, features[u + 1 :], reduction="none").mean(-1)  # (N,)
+            final = features[u + 1 :, : head.config.dim]  # (N, D) the target's final hidden state
+            feature_err = F.smooth_l1_loss(rows, final, reduction="none").mean(-1)  # (N,)
             loss = loss + config.feature_weight * (feature_err * row_w).sum()
         w = config.step_decay**u
         total = total + w * loss
@@ -114,7 +127,7 @@ def sequence_loss(head: DraftHead, seq: Sequence, config: TrainConfig, index: to
 
 def new_head(target_args: Any, config: TrainConfig, vocab: torch.Tensor, seed: int) -> DraftHead:
     torch.manual_seed(seed)
-    head_config = HeadConfig.for_target(target_args, config.design, config.n_layers)
+    head_config = HeadConfig.for_target(target_args, config.design, config.n_layers, config.feature_layers)
     return DraftHead(head_config, vocab)
 
 

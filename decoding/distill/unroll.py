@@ -10,7 +10,8 @@ errors, so the sequence is run `steps` times:
   positions <= j-u and to the step-v pair at position j-u+v for v = 1..u: exactly the keys its decode-time
   counterpart finds in the cache.
 
-Step u at pair j predicts token x_{j+2}, the target's distribution at position j+1. A "tokens" head reads
+Step u at pair j predicts token x_{j+2}, the target's distribution at position j+1. An eagle3 head fuses
+the target's several depths at step 0; its later steps read its own outputs, as at decode time. A "tokens" head reads
 no features and needs one step: teacher forcing is already what it sees at decode time.
 """
 
@@ -52,7 +53,7 @@ def _attention(block: Block, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tens
 def unrolled(head: DraftHead, tokens: torch.Tensor, features: torch.Tensor | None, steps: int) -> list[torch.Tensor]:
     """Predicted features (T-1, D) of every pair j = 0 .. T-2, for steps 0 .. steps-1.
 
-    tokens: (T,) the sequence; features: (T, D) the target's final hidden states (eagle heads)."""
+    tokens: (T,) the sequence; features: (T, F) the target's features (eagle heads: F = feature_width)."""
     n = tokens.shape[0] - 1
     cos, sin = head.rope_cos[:n], head.rope_sin[:n]
     emb = head.embeddings[tokens[1:]]  # (n, D) the token after each pair's position
@@ -63,7 +64,10 @@ def unrolled(head: DraftHead, tokens: torch.Tensor, features: torch.Tensor | Non
         if u > 0:
             assert feat is not None, "unrolling past step 0 needs an eagle head"
             feat = torch.cat([torch.zeros_like(outputs[-1][:1]), outputs[-1][:-1]])  # (n, D) shifted by one
-        x = head.fc(torch.cat([emb, feat], dim=-1) if head.uses_features and feat is not None else emb)
+        if head.uses_features and feat is not None:
+            x = head.fc(torch.cat([emb, head.read_features(feat.to(emb.dtype))], dim=-1))
+        else:
+            x = head.fc(emb)
         x = x.unsqueeze(0)  # (1, n, D)
         mask = step_mask(n, u)
         for block, layer_keys in zip(head.blocks, keys, strict=True):

@@ -69,8 +69,14 @@ class Drafter(ABC):
         """True when the drafter reads the target's final hidden states (see `observe_features`)."""
         return False
 
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        """Target blocks whose residual stream the drafter reads after the final hidden state (eagle3)."""
+        return ()
+
     def observe_features(self, start: int, features: torch.Tensor) -> None:  # noqa: B027 - optional hook
-        """The target's final hidden states (T, D) of the verified positions [start, start + T)."""
+        """The target's features (T, F) of the verified positions [start, start + T): its final hidden
+        states, then the `feature_layers` (`Transformer.forward_hidden`)."""
 
     @property
     def max_nodes(self) -> int:

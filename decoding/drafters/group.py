@@ -34,6 +34,13 @@ class DrafterGroup(Drafter):
     def uses_features(self) -> bool:
         return any(d.uses_features for d in self.drafters)
 
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        layers = {d.feature_layers for d in self.drafters if d.uses_features}
+        if len(layers) > 1:
+            raise ValueError(f"drafters in one group read different target layers: {sorted(layers)}")
+        return layers.pop() if layers else ()
+
     def observe_features(self, start: int, features: torch.Tensor) -> None:
         for d in self.drafters:
             if d.uses_features:

@@ -31,12 +31,16 @@ class HeadDrafter(Drafter):
         self.tree = tree  # draft a tree (head_tree.py) instead of a chain, where no grammar constrains
         self._drafted_tree = False
         self._cost = cost_per_token
-        self._features = torch.zeros(0, head.config.dim)  # [S, D] the target's, by position
+        self._features = torch.zeros(0, head.config.feature_width)  # [S, F] the target's, by position
         self.reset()
 
     @property
     def uses_features(self) -> bool:
         return self.head.uses_features
+
+    @property
+    def feature_layers(self) -> tuple[int, ...]:
+        return self.head.config.feature_layers
 
     @property
     def cost_per_token(self) -> float:
@@ -51,10 +55,10 @@ class HeadDrafter(Drafter):
     def prepare(self, max_seq_len: int) -> None:
         self.head.setup_cache(max_seq_len)
         if self._features.shape[0] < max_seq_len:
-            self._features = torch.zeros(max_seq_len, self.head.config.dim)
+            self._features = torch.zeros(max_seq_len, self.head.config.feature_width)
 
     def observe_features(self, start: int, features: torch.Tensor) -> None:
-        # features: (T, D) the target's final hidden states at positions [start, start + T)
+        # features: (T, F) the target's features at positions [start, start + T) (see feature_layers)
         self._features[start : start + features.shape[0]] = features
         self._known = start + features.shape[0]
 

@@ -15,8 +15,16 @@ from decoding.loading import LoadedModel
 from decoding.stats import SpecStats
 
 
-def tiny_sequences(target: LoadedModel, count: int, seed: int = 0, new_tokens: int = 24) -> list[Sequence]:
-    """Random (partly repetitive) prompts and the target's greedy continuations, teacher-forced."""
+def taps_for(target: LoadedModel, design: str) -> tuple[int, ...]:
+    """The target blocks a head of `design` reads besides the final state (block 0 for eagle3: the
+    tiny targets have two)."""
+    return (0,) if design == "eagle3" else ()
+
+
+def tiny_sequences(target: LoadedModel, count: int, seed: int = 0, new_tokens: int = 24,
+                   feature_layers: tuple[int, ...] = (0,)) -> list[Sequence]:
+    """Random (partly repetitive) prompts and the target's greedy continuations, teacher-forced (features:
+    the final state, then block 0's residual stream, so one data set serves every design)."""
     rng = random.Random(seed)
     vocab = target.model.args.vocab_size
     engine = Engine(target)
@@ -27,13 +35,13 @@ def tiny_sequences(target: LoadedModel, count: int, seed: int = 0, new_tokens: i
         config = GenerationConfig(max_new_tokens=new_tokens, ignore_eos=True, speculative=False)
         out = [t for step in engine.decode_tokens(prompt, config, SpecStats()) for t in step]
         sequences.append(Sequence("chat", torch.tensor(prompt + out), len(prompt)))
-    teacher_force(target, sequences)
+    teacher_force(target, sequences, feature_layers)
     return sequences
 
 
 def head_for(target: LoadedModel, design: str, vocab: torch.Tensor | None = None, seed: int = 0) -> DraftHead:
     """An untrained head attached to the target, in the target's dtype (float32 at least)."""
-    config = TrainConfig(design=design)
+    config = TrainConfig(design=design, feature_layers=taps_for(target, design))
     ids = vocab if vocab is not None else torch.arange(target.model.args.vocab_size)
     head = new_head(target.model.args, config, ids, seed)
     dtype = torch.float64 if target.model.dtype == torch.float64 else torch.float32
@@ -47,7 +55,8 @@ def trained_head(target: LoadedModel, design: str, updates: int = 40, steps: int
                  vocab: torch.Tensor | None = None) -> DraftHead:
     sequences = tiny_sequences(target, 24)
     head = head_for(target, design, vocab)
-    config = TrainConfig(design=design, steps=steps if design == "eagle" else 1, tokens_per_update=256,
-                         epochs=updates * 256 / sum(len(s.tokens) for s in sequences), warmup=5, lr=3e-3)
+    config = TrainConfig(design=design, steps=steps if design != "tokens" else 1, tokens_per_update=256,
+                         epochs=updates * 256 / sum(len(s.tokens) for s in sequences), warmup=5, lr=3e-3,
+                         feature_layers=taps_for(target, design))
     train(head, sequences, config, progress=False)
     return head.eval().requires_grad_(False)

@@ -3,6 +3,7 @@ and refuse a target with another tokenizer."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -11,13 +12,13 @@ import torch
 from decoding.build import MIN_DRAFT_PEAK, build_drafter, load_draft
 from decoding.distill.data import draft_vocabulary
 from decoding.distill.evaluate import chain_acceptance
-from decoding.distill.train import TrainConfig, sequence_loss, train, vocab_index
+from decoding.distill.train import TrainConfig, head_features, sequence_loss, train, vocab_index
 from decoding.distill.unroll import step_mask, unrolled
-from decoding.draft_head import is_head_file, load_head, save_head
+from decoding.draft_head import DraftHead, is_head_file, load_head, save_head
 from decoding.drafters import CompositeDrafter, FallbackDrafter, GrammarForcedDrafter, HeadDrafter, NgramDrafter
 from decoding.errors import ModelLoadError, TokenizerMismatchError
 from tests.conftest import TinyFactory
-from tests.decoding.heads import head_for, tiny_sequences
+from tests.decoding.heads import head_for, taps_for, tiny_sequences
 
 
 def test_step_mask_reads_the_chain_a_draft_sees() -> None:
@@ -28,7 +29,7 @@ def test_step_mask_reads_the_chain_a_draft_sees() -> None:
     assert mask[j, 10:].tolist() == [False, False, False, False, True]
 
 
-@pytest.mark.parametrize("design", ["eagle", "tokens"])
+@pytest.mark.parametrize("design", ["eagle", "eagle3", "tokens"])
 def test_unrolled_steps_equal_decode_time_steps(tiny_model: TinyFactory, design: str) -> None:
     """Step u of the training forward at pair j == the head's cached decode chain after j-u verified pairs."""
     target = tiny_model(vocab_size=16, dtype=torch.float32, seed=2)
@@ -37,7 +38,7 @@ def test_unrolled_steps_equal_decode_time_steps(tiny_model: TinyFactory, design:
     head.setup_cache(64)
     tokens = seq.tokens
     assert seq.features is not None
-    feats = seq.features.float() if head.uses_features else None
+    feats = head_features(head, seq) if head.uses_features else None  # (T, F): eagle3 reads two depths
     steps = 3 if head.uses_features else 1
     with torch.no_grad():
         outputs = unrolled(head, tokens, feats, steps)
@@ -52,15 +53,15 @@ def test_unrolled_steps_equal_decode_time_steps(tiny_model: TinyFactory, design:
         torch.testing.assert_close(outputs[u][pos], feature[0], rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("design", ["eagle", "tokens"])
+@pytest.mark.parametrize("design", ["eagle", "eagle3", "tokens"])
 def test_a_few_training_steps_lower_the_distillation_loss(tiny_model: TinyFactory, design: str) -> None:
     target = tiny_model(vocab_size=16, dtype=torch.float32, seed=2)
     sequences = tiny_sequences(target, 16)
     vocab, coverage = draft_vocabulary(sequences, 12, 16)
     assert len(vocab) == 12 and 0.5 < coverage <= 1.0
     head = head_for(target, design, vocab)
-    config = TrainConfig(design=design, steps=2 if design == "eagle" else 1, tokens_per_update=128, epochs=6,
-                         warmup=3, lr=3e-3)
+    config = TrainConfig(design=design, steps=2 if design != "tokens" else 1, tokens_per_update=128, epochs=6,
+                         warmup=3, lr=3e-3, feature_layers=taps_for(target, design))
     index = vocab_index(head)
 
     def mean_loss() -> float:
@@ -126,3 +127,38 @@ def test_head_file_round_trips_and_refuses_another_tokenizer(tiny_model: TinyFac
     assert not is_head_file(bogus)
     with pytest.raises(ModelLoadError, match="not a draftgate draft head"):
         load_head(bogus, emb, lm, target.tokenizer.fingerprint())
+
+
+def test_an_eagle3_head_keeps_its_feature_layers_and_is_refused_by_a_shallower_target(
+        tiny_model: TinyFactory, tmp_path: Path) -> None:
+    target = tiny_model(vocab_size=16, dtype=torch.float32, seed=2, n_layers=3)
+    head = head_for(target, "eagle3")
+    head = DraftHead(replace(head.config, feature_layers=[2, 0]), head.vocab)  # a list, as JSON gives it
+    assert head.config.feature_layers == (0, 2) and head.config.feature_width == 3 * head.config.dim
+    path = tmp_path / "eagle3.safetensors"
+    save_head(head, path, target.tokenizer.fingerprint(), {"design": "eagle3"})
+    drafter = build_drafter(["ngram", "draft"], target, load_draft(str(path), target), 6)
+    assert drafter is not None and drafter.feature_layers == (0, 2)  # what the engine asks the target for
+    shallow = tiny_model(vocab_size=16, dtype=torch.float32, seed=2, n_layers=2)
+    with pytest.raises(ModelLoadError, match=r"reads target blocks \[2\], the target has 2"):
+        load_draft(str(path), shallow)
+    with pytest.raises(ModelLoadError, match="needs feature layers"):
+        replace(head.config, feature_layers=())
+
+
+def test_target_features_at_several_depths(tiny_model: TinyFactory) -> None:
+    """The final state first (what an eagle head reads), then each tapped block's residual stream at unit
+    RMS; the logits do not change."""
+    target = tiny_model(vocab_size=16, dtype=torch.float32, seed=2, n_layers=3)
+    model = target.model
+    model.setup_cache(32)
+    tokens = torch.tensor([0, 5, 3, 9, 3])
+    logits, final = model.forward_hidden(tokens, 0)  # (5, V), (5, D)
+    tapped_logits, tapped = model.forward_hidden(tokens, 0, feature_layers=(0, 1))  # (5, 3D)
+    d = final.shape[-1]
+    assert tapped.shape == (5, 3 * d)
+    torch.testing.assert_close(tapped_logits, logits)
+    torch.testing.assert_close(tapped[:, :d], final)
+    rms = tapped[:, d:].view(5, 2, d).pow(2).mean(-1).sqrt()  # (5, 2)
+    torch.testing.assert_close(rms, torch.ones_like(rms), rtol=1e-3, atol=1e-3)
+    assert not torch.allclose(tapped[:, d : 2 * d], tapped[:, 2 * d :])  # two different depths

@@ -150,6 +150,8 @@ def _drafter(kind: str, target: LoadedModel) -> Drafter:
         return HeadDrafter(trained_head(target, "eagle", updates=6, vocab=torch.arange(4)), max_tokens=2)
     if kind == "eagle-head-tree":  # deterministic drafts, verified by walking the tree
         return HeadDrafter(trained_head(target, "eagle", updates=20), max_tokens=2, tree=TREE)
+    if kind == "eagle3-head-tree":  # a head reading two depths of the target
+        return HeadDrafter(trained_head(target, "eagle3", updates=20), max_tokens=2, tree=TREE)
     if kind == "ngram|eagle-head-tree":
         return FallbackDrafter([NgramDrafter(min_n=2, max_n=3, max_tokens=2),
                                 HeadDrafter(trained_head(target, "eagle", updates=20), max_tokens=2, tree=TREE)])
@@ -173,7 +175,8 @@ PARAMS = {
      ("ngram", "t1.0"), ("ngram", "topk3"), ("ngram", "topp0.8"), ("composite", "t0.7"),
      ("eagle-head", "t1.0"), ("eagle-head", "topk3"), ("ngram+eagle-head", "t0.7"),
      ("draft-cut", "t1.0"), ("draft-cut", "topp0.8"), ("ngram|eagle-head-cut", "t1.0"),
-     ("eagle-head-tree", "t1.0"), ("eagle-head-tree", "topp0.8"), ("ngram|eagle-head-tree", "t0.7")],
+     ("eagle-head-tree", "t1.0"), ("eagle-head-tree", "topp0.8"), ("ngram|eagle-head-tree", "t0.7"),
+     ("eagle3-head-tree", "t0.7")],
 )
 def test_speculative_sampling_matches_target_distribution(tiny_model: TinyFactory, kind: str, params_name: str) -> None:
     target = _target(tiny_model)
