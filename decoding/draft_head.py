@@ -117,7 +117,7 @@ class DraftHead(nn.Module):
         """(T, D) features for the fc: the target's several depths fused (eagle3), or as given (the
         target's final state, or the head's own prediction at drafted positions)."""
         if self.fuse is not None and features.shape[-1] == self.config.feature_width:
-            return self.fuse(features)
+            return self.fuse(features).to(features.dtype)  # a packed bf16 fuse with a split reduction gives float32
         return features
 
     @property

@@ -14,9 +14,10 @@ from decoding.distill.data import draft_vocabulary
 from decoding.distill.evaluate import chain_acceptance
 from decoding.distill.train import TrainConfig, head_features, sequence_loss, train, vocab_index
 from decoding.distill.unroll import step_mask, unrolled
-from decoding.draft_head import DraftHead, is_head_file, load_head, save_head
+from decoding.draft_head import DraftHead, HeadConfig, is_head_file, load_head, save_head
 from decoding.drafters import CompositeDrafter, FallbackDrafter, GrammarForcedDrafter, HeadDrafter, NgramDrafter
 from decoding.errors import ModelLoadError, TokenizerMismatchError
+from decoding.packing import ROW_STABLE_IN_FEATURES
 from tests.conftest import TinyFactory
 from tests.decoding.heads import head_for, taps_for, tiny_sequences
 
@@ -162,3 +163,20 @@ def test_target_features_at_several_depths(tiny_model: TinyFactory) -> None:
     rms = tapped[:, d:].view(5, 2, d).pow(2).mean(-1).sqrt()  # (5, 2)
     torch.testing.assert_close(rms, torch.ones_like(rms), rtol=1e-3, atol=1e-3)
     assert not torch.allclose(tapped[:, d : 2 * d], tapped[:, 2 * d :])  # two different depths
+
+
+def test_a_bf16_eagle3_head_steps_on_target_features_wider_than_one_packed_reduction() -> None:
+    """At decode time the fuse layer is packed for oneDNN; inputs wider than ROW_STABLE_IN_FEATURES are
+    reduced in chunks and come back float32, which the head must feed on in its own dtype."""
+    config = HeadConfig(design="eagle3", target_vocab_size=16, dim=400, n_layers=1, n_heads=4, n_kv_heads=2,
+                        intermediate_size=64, feature_layers=(0,))
+    assert config.feature_width > ROW_STABLE_IN_FEATURES
+    torch.manual_seed(0)
+    head = DraftHead(config, torch.arange(16))
+    head.attach(torch.randn(16, 400), torch.randn(16, 400))
+    head.prepare_inference(torch.bfloat16)
+    head.setup_cache(16)
+    verified, logits = head.step(torch.tensor([3, 5, 7]), torch.randn(3, config.feature_width), 0)  # target's
+    assert verified.shape == (3, 400) and logits.shape == (3, 16)
+    drafted, _ = head.step(torch.tensor([2]), verified[-1:], 3)  # then its own output
+    assert drafted.shape == (1, 400) and torch.isfinite(drafted).all()
