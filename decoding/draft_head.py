@@ -25,6 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from decoding.copy_hints import MAX_N
 from decoding.errors import ModelLoadError, TokenizerMismatchError
 from decoding.model import Block, KVCache, ModelArgs, RMSNorm, rope_tables
 from decoding.packing import pack_linears
@@ -46,6 +47,12 @@ class HeadConfig:
     rope_base: float = 10000.0
     max_seq_len: int = 8192
     feature_layers: tuple[int, ...] = ()  # eagle3: target blocks whose residual stream it reads too
+    # each pair also reads a copy hint (decoding/copy_hints.py): prompt lookup's guess for the token it
+    # predicts, and the length of that match
+    copy_hint: bool = False
+    # besides its fixed vocabulary the head scores the tokens of the request's own context (trained so):
+    # what an agent copies is often a name or number the fixed vocabulary lacks
+    context_vocab: bool = False
 
     def __post_init__(self) -> None:
         if self.design not in DESIGNS:
@@ -54,6 +61,8 @@ class HeadConfig:
         if (self.design == "eagle3") != bool(self.feature_layers):
             raise ModelLoadError(f"a {self.design} head {'needs' if self.design == 'eagle3' else 'takes no'} "
                                  "feature layers")
+        if self.copy_hint and self.design == "tokens":
+            raise ModelLoadError("copy hints are for heads that read the target's features (eagle, eagle3)")
 
     @property
     def feature_width(self) -> int:
@@ -70,13 +79,14 @@ class HeadConfig:
 
     @classmethod
     def for_target(cls, target: ModelArgs, design: str, n_layers: int = 1,
-                   feature_layers: tuple[int, ...] = ()) -> HeadConfig:
+                   feature_layers: tuple[int, ...] = (), copy_hint: bool = False,
+                   context_vocab: bool = False) -> HeadConfig:
         """Layers shaped like the target's, so its features need no projection."""
         return cls(
             design=design, target_vocab_size=target.vocab_size, dim=target.dim, n_layers=n_layers,
             n_heads=target.n_heads, n_kv_heads=target.n_kv_heads, intermediate_size=target.intermediate_size,
             norm_eps=target.norm_eps, rope_base=target.rope_base, max_seq_len=target.max_seq_len,
-            feature_layers=feature_layers,
+            feature_layers=feature_layers, copy_hint=copy_hint, context_vocab=context_vocab,
         )
 
 
@@ -86,7 +96,8 @@ def default_feature_layers(target_layers: int) -> tuple[int, ...]:
 
 
 class DraftHead(nn.Module):
-    """fc(token embedding [, feature]) -> decoder blocks -> norm -> predicted feature -> subset logits."""
+    """fc(token embedding [, feature [, copy hint]]) -> decoder blocks -> norm -> predicted feature -> subset
+    logits."""
 
     vocab: torch.Tensor
     rope_cos: torch.Tensor
@@ -95,10 +106,12 @@ class DraftHead(nn.Module):
     def __init__(self, config: HeadConfig, vocab: torch.Tensor) -> None:
         super().__init__()
         self.config = config
-        fc_in = 2 * config.dim if config.design != "tokens" else config.dim
+        fc_in = config.dim if config.design == "tokens" else (3 if config.copy_hint else 2) * config.dim
         self.fc = nn.Linear(fc_in, config.dim, bias=False)
         # eagle3: the target's features at several depths (T, (1 + L) D) -> one feature (T, D)
         self.fuse = nn.Linear(config.feature_width, config.dim, bias=False) if config.feature_layers else None
+        # a copy hint is the guessed token's embedding plus one of these, by the length of its match (0: none)
+        self.hint_length = nn.Parameter(torch.zeros(MAX_N + 1, config.dim)) if config.copy_hint else None
         self.layers = nn.ModuleList(Block(config.block_args) for _ in range(config.n_layers))
         self.norm = RMSNorm(config.dim, config.norm_eps)
         self.register_buffer("vocab", vocab.to(torch.int64).clone())  # (Vd,) target ids the draft can emit
@@ -107,6 +120,7 @@ class DraftHead(nn.Module):
         # shared with the target at attach(): not parameters of the head, never saved
         self.embeddings: torch.Tensor = torch.empty(0)  # (V, D)
         self.lm_head: nn.Module | None = None  # D -> Vd
+        self.lm_rows: torch.Tensor = torch.empty(0)  # (V, D) the target's whole LM head, for context tokens
         self.max_seq_len = 0
 
     @property
@@ -138,6 +152,7 @@ class DraftHead(nn.Module):
         if target_embeddings.shape[1] != self.config.dim:
             raise ModelLoadError(f"draft head width {self.config.dim} != target width {target_embeddings.shape[1]}")
         self.embeddings = target_embeddings
+        self.lm_rows = target_lm_head
         head = nn.Linear(self.config.dim, len(self.vocab), bias=False)
         head.weight = nn.Parameter(target_lm_head[self.vocab].detach().clone(), requires_grad=False)
         self.lm_head = head
@@ -163,23 +178,34 @@ class DraftHead(nn.Module):
         cos, sin = rope_tables(c.block_args, torch.float32)
         self.rope_cos, self.rope_sin = cos[:max_seq_len], sin[:max_seq_len]
 
-    def inputs(self, tokens: torch.Tensor, features: torch.Tensor | None) -> torch.Tensor:
-        # tokens: (T,) the token after each position; features: (T, D) or (T, feature_width) -> (T, D)
+    def inputs(self, tokens: torch.Tensor, features: torch.Tensor | None,
+               hints: torch.Tensor | None = None) -> torch.Tensor:
+        # tokens: (T,) the token after each position; features: (T, D) or (T, feature_width);
+        # hints: (T, 2) each position's copy hint (guessed token, match length) for copy_hint heads -> (T, D)
         emb = self.embeddings[tokens].to(self.dtype)
         if self.uses_features:
             assert features is not None, "an eagle head needs the target's features"
-            emb = torch.cat([emb, self.read_features(features.to(self.dtype))], dim=-1)  # (T, 2D)
+            parts = [emb, self.read_features(features.to(self.dtype))]
+            if self.hint_length is not None:
+                assert hints is not None, "this head reads copy hints"
+                guess, length = hints[:, 0], hints[:, 1]  # (T,), (T,)
+                found = (length > 0).unsqueeze(-1).to(self.dtype)  # (T, 1)
+                parts.append(self.embeddings[guess].to(self.dtype) * found + self.hint_length[length].to(self.dtype))
+            emb = torch.cat(parts, dim=-1)  # (T, 2D) or (T, 3D)
         return self.fc(emb)
 
     @torch.inference_mode()
     def step(
         self, tokens: torch.Tensor, features: torch.Tensor | None, start: int,
         positions: torch.Tensor | None = None, mask: torch.Tensor | None = None,
+        hints: torch.Tensor | None = None, extra: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Positions [start, start + T) through the cache -> (predicted features (T, D) float32, subset
         logits (T, Vd) float32) for the token after the next. A draft tree gives its rows' `positions`
         (T,) and which cache slots each reads, `mask` (T, start + T); they are written at slots
-        [start, start + T) all the same."""
+        [start, start + T) all the same. `hints` (T, 2): each row's copy hint (heads with `copy_hint`).
+        `extra` (n,): target ids outside the head's vocabulary to
+        score as well, after it: logits (T, Vd + n) (see `scores`)."""
         assert self.lm_head is not None, "attach() the target first"
         t = tokens.shape[0]
         end = start + t
@@ -190,12 +216,22 @@ class DraftHead(nn.Module):
             cos, sin = self.rope_cos[positions], self.rope_sin[positions]  # (T, hd)
         if mask is None and t > 1:
             mask = torch.arange(end).unsqueeze(0) <= torch.arange(start, end).unsqueeze(1)  # (T, end)
-        x = self.inputs(tokens, features).unsqueeze(0).float()  # (1, T, D) residual stream
+        x = self.inputs(tokens, features, hints).unsqueeze(0).float()  # (1, T, D) residual stream
         for block in self.blocks:
             x = block(x, cos, sin, start, mask)
         predicted = self.norm(x, out_dtype=torch.float32)[0]  # (T, D)
-        logits = self.lm_head(predicted.to(self.dtype)).float()  # (T, Vd)
-        return predicted, logits
+        return predicted, self.scores(predicted, extra).float()
+
+    def scores(self, predicted: torch.Tensor, extra: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits (T, Vd) of predicted features (T, D) over the head's vocabulary, followed by those of
+        the `extra` target ids (n,), from the same LM head: (T, Vd + n)."""
+        assert self.lm_head is not None, "attach() the target first"
+        h = predicted.to(self.dtype)
+        logits = self.lm_head(h)  # (T, Vd)
+        if extra is None or extra.numel() == 0:
+            return logits
+        rows = self.lm_rows[extra].to(self.dtype)  # (n, D)
+        return torch.cat([logits.to(h.dtype), h @ rows.T], dim=-1)  # (T, Vd + n)
 
 
 def save_head(head: DraftHead, path: Path, target_fingerprint: str, card: dict[str, Any]) -> None:

@@ -148,7 +148,7 @@ def _distill(args: argparse.Namespace) -> int:
     config = TrainConfig(design=args.design, n_layers=args.layers, steps=args.steps if args.design != "tokens" else 1,
                          vocab_size=args.vocab_size, lr=args.lr, epochs=args.epochs, minutes=args.minutes,
                          seed=args.seed, tokens_per_update=args.tokens_per_update, prompt_weight=args.prompt_weight,
-                         feature_layers=taps)
+                         feature_layers=taps, copy_hint=args.copy_hint, context_vocab=args.context_vocab)
     out = Path(args.out or f"draft-{target.name}-{args.design}.safetensors")
     card = distill(target, out, data, config, resume=args.resume, data_file=Path(args.data) if args.data else None)
     out.with_suffix(".md").write_text(card_markdown(card, f"Draft head for {target.name} ({args.design})"))
@@ -229,6 +229,10 @@ def build_parser() -> argparse.ArgumentParser:
                            "fused; tokens: an independent small LM")
     dist.add_argument("--feature-layers", default=None, metavar="I,J",
                       help="eagle3: the target blocks read besides the final state (default: block 2 and the middle)")
+    dist.add_argument("--copy-hint", action="store_true",
+                      help="eagle heads: each position also reads prompt lookup's guess, so the head can copy")
+    dist.add_argument("--context-vocab", action="store_true",
+                      help="the head also scores the request's context tokens outside its fixed vocabulary")
     dist.add_argument("--layers", type=int, default=1, help="decoder layers in the head")
     dist.add_argument("--steps", type=int, default=3, help="unrolled draft steps per training sequence (eagle)")
     dist.add_argument("--vocab-size", type=int, default=8192, help="tokens the head can emit")

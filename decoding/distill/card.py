@@ -14,7 +14,11 @@ def card_markdown(card: dict[str, Any], title: str) -> str:
         f"{card['parameters'] / 1e6:.2f} M own parameters (embeddings and LM-head rows are the target's)"
         + (f"; reads the target's final hidden state and its residual stream after blocks "
            f"{', '.join(str(i) for i in training['feature_layers'])}, fused by one linear layer"
-           if training.get("feature_layers") else ""),
+           if training.get("feature_layers") else "")
+        + ("; each position also reads a copy hint (prompt lookup's guess of the next token and its match "
+           "length)" if training.get("copy_hint") else "")
+        + ("; scores the request's context tokens beside its fixed vocabulary" if training.get("context_vocab")
+           else ""),
         f"- vocabulary: the {card['vocabulary']['size']} tokens the target emits most, covering "
         f"{card['vocabulary']['coverage_of_generated_tokens']:.1%} of its generated tokens",
         f"- data: {data['sequences']} sequences ({data['train_sequences']} train, {data['held_out_sequences']} "

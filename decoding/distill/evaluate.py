@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from decoding.distill.data import Sequence
-from decoding.distill.train import head_features
+from decoding.distill.train import context_extra, head_features, vocab_index
 from decoding.distill.unroll import unrolled
 from decoding.draft_head import DraftHead
 from decoding.model import Transformer
@@ -27,12 +27,13 @@ def chain_acceptance(head: DraftHead, seq: Sequence, depth: int) -> list[int]:
     p, n = seq.prompt_len, seq.tokens.shape[0] - 1
     steps = depth if head.uses_features else 1
     outputs = unrolled(head, seq.tokens, head_features(head, seq) if head.uses_features else None, steps)
-    assert head.lm_head is not None
+    extra = context_extra(head, vocab_index(head), seq.tokens)  # (n,) context tokens it scores too, or None
+    ids = head.vocab if extra is None else torch.cat([head.vocab, extra])
     top1 = seq.top_ids[p - 1 :, 0].long()  # target's top-1 after positions p-1 .. T-1
     ok: list[torch.Tensor] = []  # ok[u][j]: step u is right at pair j (j >= p - 2)
     for u in range(depth):
         predicted = outputs[min(u, steps - 1)][p - 2 :]  # (n - p + 2, D) pairs p-2 .. n-1
-        guess = head.vocab[head.lm_head(predicted).argmax(-1)]  # (n - p + 2,)
+        guess = ids[head.scores(predicted, extra).argmax(-1)]  # (n - p + 2,)
         want = top1  # (n - p + 2,) the target's top-1 at positions p-1 .. n, what pairs p-2 .. n-1 predict
         followed = torch.ones_like(guess, dtype=torch.bool)
         followed[: n - p + 1] = seq.tokens[p:] == want[: n - p + 1]  # the token fed next was that top-1
@@ -83,7 +84,8 @@ def step_cost(head: DraftHead, target: Transformer, repeats: int = 50) -> dict[s
             fn()
         return (time.perf_counter() - started) / repeats * 1000
 
-    draft_ms = timed(lambda: head.step(token, feature if head.uses_features else None, 10))
+    draft_ms = timed(lambda: head.step(token, feature if head.uses_features else None, 10,
+                                    hints=torch.zeros(1, 2, dtype=torch.int64)))
     target_ms = timed(lambda: target(token, 10))
     return {"draft_step_ms": round(draft_ms, 3), "target_step_ms": round(target_ms, 3),
             "relative_cost": round(draft_ms / target_ms, 4)}

@@ -29,6 +29,8 @@ class TrainConfig:
     design: str = "eagle"
     n_layers: int = 1
     feature_layers: tuple[int, ...] = ()  # eagle3: target blocks read besides the final state
+    copy_hint: bool = False  # each pair reads prompt lookup's guess too (decoding/copy_hints.py)
+    context_vocab: bool = False  # the head also scores the context's tokens outside its vocabulary
     steps: int = 3  # unrolled steps per sequence (1 for a tokens head)
     vocab_size: int = 8192  # the head's output vocabulary (most emitted target tokens)
     lr: float = 1e-3
@@ -72,6 +74,15 @@ def vocab_index(head: DraftHead) -> torch.Tensor:
     return index
 
 
+def context_extra(head: DraftHead, index: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor | None:
+    """(n,) the sequence's token ids outside the head's vocabulary, which a `context_vocab` head scores
+    as well (the drafter adds them as the context grows; a sequence gives them all at once); else None."""
+    if not head.config.context_vocab:
+        return None
+    ids = tokens.unique()
+    return ids[index[ids] < 0]
+
+
 def head_features(head: DraftHead, seq: Sequence) -> torch.Tensor:
     """(T, F) float32: the columns of the sequence's stored features that `head` reads (data built for an
     eagle3 head holds the final state first, so an eagle head trains on the same file)."""
@@ -87,7 +98,6 @@ def sequence_loss(head: DraftHead, seq: Sequence, config: TrainConfig, index: to
                   ) -> tuple[torch.Tensor, dict[str, float]]:
     """The weighted loss over steps of one sequence, and per-step top-1 agreement with the target."""
     assert seq.features is not None and seq.top_ids is not None and seq.top_probs is not None
-    assert head.lm_head is not None
     p = seq.prompt_len
     features = head_features(head, seq)  # (T, F)
     outputs = unrolled(head, seq.tokens, features if head.uses_features else None, config.steps)
@@ -98,6 +108,11 @@ def sequence_loss(head: DraftHead, seq: Sequence, config: TrainConfig, index: to
     # pair j predicts the target's distribution after position j+1; prompt positions count less
     weights = torch.full((n,), config.prompt_weight)  # (n,) per pair
     weights[max(p - 2, 0) :] = 1.0
+    extra = context_extra(head, index, seq.tokens)  # (n_extra,) or None
+    ids = head.vocab if extra is None else torch.cat([head.vocab, extra])  # (Vd + n_extra,) id of each logit
+    if extra is not None:
+        index = index.clone()
+        index[extra] = torch.arange(len(head.vocab), len(ids))
     for u, predicted in enumerate(outputs):
         if u >= n:
             continue
@@ -105,7 +120,7 @@ def sequence_loss(head: DraftHead, seq: Sequence, config: TrainConfig, index: to
         top_ids = seq.top_ids[u + 1 :].long()  # (N, K)
         top_probs = seq.top_probs[u + 1 :].float()  # (N, K)
         row_w = weights[u:] / weights[u:].sum()  # (N,)
-        logq = F.log_softmax(head.lm_head(rows), dim=-1)  # (N, Vd)
+        logq = F.log_softmax(head.scores(rows, extra).float(), dim=-1)  # (N, Vd + n_extra)
         sub = index[top_ids]  # (N, K) rows in the head's vocabulary, -1 outside
         target = top_probs * (sub >= 0)
         target = target / target.sum(-1, keepdim=True).clamp_min(1e-6)
@@ -119,7 +134,7 @@ def sequence_loss(head: DraftHead, seq: Sequence, config: TrainConfig, index: to
         total = total + w * loss
         weight_sum += w
         with torch.no_grad():
-            agree = (head.vocab[logq.argmax(-1)] == top_ids[:, 0]).float()
+            agree = (ids[logq.argmax(-1)] == top_ids[:, 0]).float()
             metrics[f"ce{u}"] = float(ce)
             metrics[f"acc{u}"] = float((agree * row_w).sum())
     return total / max(weight_sum, 1e-9), metrics
@@ -127,7 +142,8 @@ def sequence_loss(head: DraftHead, seq: Sequence, config: TrainConfig, index: to
 
 def new_head(target_args: Any, config: TrainConfig, vocab: torch.Tensor, seed: int) -> DraftHead:
     torch.manual_seed(seed)
-    head_config = HeadConfig.for_target(target_args, config.design, config.n_layers, config.feature_layers)
+    head_config = HeadConfig.for_target(target_args, config.design, config.n_layers, config.feature_layers,
+                                        config.copy_hint, config.context_vocab)
     return DraftHead(head_config, vocab)
 
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from decoding.copy_hints import sequence_hints
 from decoding.draft_head import DraftHead
 from decoding.model import Block, apply_rope
 
@@ -56,19 +57,17 @@ def unrolled(head: DraftHead, tokens: torch.Tensor, features: torch.Tensor | Non
     tokens: (T,) the sequence; features: (T, F) the target's features (eagle heads: F = feature_width)."""
     n = tokens.shape[0] - 1
     cos, sin = head.rope_cos[:n], head.rope_sin[:n]
-    emb = head.embeddings[tokens[1:]]  # (n, D) the token after each pair's position
     keys: list[list[tuple[torch.Tensor, torch.Tensor]]] = [[] for _ in head.blocks]
+    # pair j reads x_{j+1}: its copy hint is the one after tokens[: j + 2] (the same at every step, as the
+    # unrolled chains follow the sequence's own tokens)
+    hints = sequence_hints(tokens)[1:] if head.config.copy_hint else None  # (n, 2)
     outputs: list[torch.Tensor] = []
     feat = features[:n].float() if features is not None else None
     for u in range(steps):
         if u > 0:
             assert feat is not None, "unrolling past step 0 needs an eagle head"
             feat = torch.cat([torch.zeros_like(outputs[-1][:1]), outputs[-1][:-1]])  # (n, D) shifted by one
-        if head.uses_features and feat is not None:
-            x = head.fc(torch.cat([emb, head.read_features(feat.to(emb.dtype))], dim=-1))
-        else:
-            x = head.fc(emb)
-        x = x.unsqueeze(0)  # (1, n, D)
+        x = head.inputs(tokens[1:], feat if head.uses_features else None, hints).unsqueeze(0)  # (1, n, D)
         mask = step_mask(n, u)
         for block, layer_keys in zip(head.blocks, keys, strict=True):
             x = x + _attention(block, block.attention_norm(x), cos, sin, layer_keys, mask)

@@ -12,9 +12,11 @@ import torch
 
 from decoding.adaptive import DraftLength
 from decoding.constraints.base import Grammar
+from decoding.copy_hints import ContextHints
 from decoding.draft_head import DraftHead
 from decoding.drafters.base import Drafter, Proposal
 from decoding.drafters.chain import draft_chain
+from decoding.drafters.context_vocab import ContextVocab
 from decoding.drafters.draft_model import common_prefix_length
 from decoding.drafters.head_tree import TreeShape, grow_tree
 from decoding.sampling import SamplingParams
@@ -32,6 +34,8 @@ class HeadDrafter(Drafter):
         self._drafted_tree = False
         self._cost = cost_per_token
         self._features = torch.zeros(0, head.config.feature_width)  # [S, F] the target's, by position
+        self.vocab = ContextVocab(head.vocab, head.config.target_vocab_size, head.config.context_vocab)
+        self.hints = ContextHints() if head.config.copy_hint else None
         self.reset()
 
     @property
@@ -51,6 +55,9 @@ class HeadDrafter(Drafter):
         self._committed = 0  # pairs [0, committed) were built from verified features
         self._known = 0  # target features known for positions [0, known)
         self.length = DraftLength(self.max_tokens, self.max_tokens)
+        self.vocab.reset()
+        if self.hints is not None:
+            self.hints.reset()
 
     def prepare(self, max_seq_len: int) -> None:
         self.head.setup_cache(max_seq_len)
@@ -64,6 +71,13 @@ class HeadDrafter(Drafter):
 
     def _pair_features(self, start: int, end: int) -> torch.Tensor | None:
         return self._features[start:end] if self.uses_features else None
+
+    def _pair_hints(self, start: int, end: int) -> torch.Tensor | None:
+        # pairs [start, end) read tokens start + 1 .. end: the hints after them
+        return self.hints.at(start + 1, end + 1) if self.hints is not None else None
+
+    def _path_hint(self, path: list[int]) -> torch.Tensor | None:
+        return self.hints.after(path) if self.hints is not None else None
 
     def propose(
         self,
@@ -81,33 +95,45 @@ class HeadDrafter(Drafter):
         keep = min(common_prefix_length(self._tokens, context, self._committed) - 1, self._committed)
         keep = max(0, min(keep, verified))
         ctx = torch.tensor(context)
+        self.vocab.update(context)
+        if self.hints is not None:
+            self.hints.sync(context)
+        extra = self.vocab.extra  # (n,) context tokens outside the head's vocabulary, or None
         feature, logits = None, None
         if verified > keep:  # pairs with the target's own features, in one pass
-            out, lg = self.head.step(ctx[keep + 1 : verified + 1], self._pair_features(keep, verified), keep)
+            out, lg = self.head.step(ctx[keep + 1 : verified + 1], self._pair_features(keep, verified), keep,
+                                     hints=self._pair_hints(keep, verified), extra=extra)
             feature, logits = out[-1:], lg[-1]
         self._tokens, self._committed = list(context[: verified + 1]), verified
         # pairs past the verified features (tokens other drafters proposed), then the drafts themselves
         pos = verified
         if feature is None:  # nothing new was verified: recompute the last verified pair
             pos = verified - 1
-            out, lg = self.head.step(ctx[pos + 1 : pos + 2], self._pair_features(pos, pos + 1), pos)
+            out, lg = self.head.step(ctx[pos + 1 : pos + 2], self._pair_features(pos, pos + 1), pos,
+                                     hints=self._pair_hints(pos, pos + 1), extra=extra)
             feature, logits, pos = out, lg[-1], verified
         while pos < last:
-            out, lg = self.head.step(ctx[pos + 1 : pos + 2], feature, pos)
+            out, lg = self.head.step(ctx[pos + 1 : pos + 2], feature, pos, hints=self._pair_hints(pos, pos + 1),
+                                     extra=extra)
             feature, logits, pos = out, lg[-1], pos + 1
         assert logits is not None
         self._drafted_tree = self.tree is not None and grammar is None
         if self.tree is not None and grammar is None:
-            tree, steps = grow_tree(self.head, logits, feature, last, self.tree, max_tokens, params)
+            tree, steps = grow_tree(self.head, logits, feature, last, self.tree, max_tokens, params, self.vocab,
+                                    self.hints.after if self.hints is not None else None)
             return Proposal(tokens=tree.tokens, sources=[self.name] * len(tree), model_drafted=steps + 1,
                             parents=tree.parents)
 
+        path: list[int] = []
+
         def step(token: int, i: int) -> torch.Tensor:
             nonlocal feature  # each draft reads the feature the head predicted for the one before
-            feature, lg = self.head.step(torch.tensor([token]), feature, last + i)
-            return lg[-1]  # [Vd]
+            path.append(token)
+            feature, lg = self.head.step(torch.tensor([token]), feature, last + i, hints=self._path_hint(path),
+                                         extra=extra)
+            return lg[-1]  # [Vd + n]
 
-        return draft_chain(self.name, logits, k, params, generator, grammar, step, self.head.vocab,
+        return draft_chain(self.name, logits, k, params, generator, grammar, step, self.vocab.ids,
                            self.head.config.target_vocab_size, self.min_peak)
 
     @property

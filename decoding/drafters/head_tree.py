@@ -11,11 +11,13 @@ its parent, so the selection keeps every chosen node's ancestors.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from decoding.draft_head import DraftHead
+from decoding.drafters.context_vocab import ContextVocab
 from decoding.sampling import SamplingParams, processed_probs
 from decoding.tree import TokenTree
 
@@ -48,6 +50,15 @@ def _feature(node: _Node) -> torch.Tensor:
     return node.feature  # (1, D)
 
 
+def _path(nodes: list[_Node], node: _Node) -> list[int]:
+    """The draft tokens from the root's first child down to `node`."""
+    path = [node.token]
+    while node.parent >= 0:
+        node = nodes[node.parent]
+        path.append(node.token)
+    return path[::-1]
+
+
 def _ranked(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     # logits: (R, Vd) -> (R, Vd) the head's distribution, processed as the target's will be sampled
     if params.greedy:
@@ -56,17 +67,19 @@ def _ranked(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 
 def grow_tree(head: DraftHead, logits: torch.Tensor, feature: torch.Tensor, last: int, shape: TreeShape,
-              max_depth: int, params: SamplingParams) -> tuple[TokenTree, int]:
-    """logits: (Vd,) the head's for the first draft; feature: (1, D) its predicted feature of the
-    position before; the drafts start at position and cache slot `last`. -> (tree, head steps run)."""
-    vocab = head.vocab
+              max_depth: int, params: SamplingParams, vocab: ContextVocab,
+              hint: Callable[[list[int]], torch.Tensor] | None = None) -> tuple[TokenTree, int]:
+    """logits: (Vd + n,) the head's for the first draft, over `vocab.ids`; feature: (1, D) its predicted
+    feature of the position before; the drafts start at position and cache slot `last`. `hint` gives
+    the copy hint (1, 2) after a path of draft tokens, for heads that read one. -> (tree, head steps run)."""
+    ids = vocab.ids
     nodes: list[_Node] = []
     probs = _ranked(logits.unsqueeze(0), params)[0]  # (Vd,)
     top = torch.topk(probs, shape.branch)
     frontier: list[int] = []
     for p, j in zip(top.values.tolist(), top.indices.tolist(), strict=True):
         if p > 0:
-            nodes.append(_Node(int(vocab[j]), -1, 1, p))
+            nodes.append(_Node(int(ids[j]), -1, 1, p))
             frontier.append(len(nodes) - 1)
     slot, steps = last, 0
     depth_limit = min(shape.depth, max_depth)
@@ -85,8 +98,9 @@ def grow_tree(head: DraftHead, logits: torch.Tensor, feature: torch.Tensor, last
                 a = nodes[a.parent] if a.parent >= 0 else None
         parents = torch.cat([feature if n.parent < 0 else _feature(nodes[n.parent]) for n in expand])  # (W, D)
         tokens = torch.tensor([n.token for n in expand])  # (W,)
+        hints = torch.cat([hint(_path(nodes, n)) for n in expand]) if hint is not None else None  # (W, 2)
         positions = torch.full((len(expand),), last + depth - 1)  # (W,)
-        out, lg = head.step(tokens, parents, slot, positions, mask)  # (W, D), (W, Vd)
+        out, lg = head.step(tokens, parents, slot, positions, mask, hints, vocab.extra)  # (W, D), (W, Vd + n)
         steps += 1
         slot += len(expand)
         probs = _ranked(lg, params)  # (W, Vd)
@@ -96,7 +110,7 @@ def grow_tree(head: DraftHead, logits: torch.Tensor, feature: torch.Tensor, last
             nodes[i].feature = out[r : r + 1]
             for p, j in zip(top.values[r].tolist(), top.indices[r].tolist(), strict=True):
                 if p > 0:
-                    nodes.append(_Node(int(vocab[j]), i, depth + 1, nodes[i].score * p))
+                    nodes.append(_Node(int(ids[j]), i, depth + 1, nodes[i].score * p))
                     frontier.append(len(nodes) - 1)
     # the best nodes; ties go to the shallower (so a parent before a child with its score), then older
     chosen = sorted(range(len(nodes)), key=lambda i: (-nodes[i].score, nodes[i].depth, i))[: shape.nodes]

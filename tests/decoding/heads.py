@@ -21,6 +21,15 @@ def taps_for(target: LoadedModel, design: str) -> tuple[int, ...]:
     return (0,) if design == "eagle3" else ()
 
 
+def config_for(target: LoadedModel, design: str, **fields: object) -> TrainConfig:
+    """A training config for `design`: "eagle", "eagle3", "tokens", or "eagle+copy" (an eagle head that
+    reads copy hints and scores the context's tokens outside its vocabulary)."""
+    name, _, variant = design.partition("+")
+    copy = variant == "copy"
+    return TrainConfig(design=name, feature_layers=taps_for(target, name), copy_hint=copy,
+                       context_vocab=copy, **fields)  # type: ignore[arg-type]
+
+
 def tiny_sequences(target: LoadedModel, count: int, seed: int = 0, new_tokens: int = 24,
                    feature_layers: tuple[int, ...] = (0,)) -> list[Sequence]:
     """Random (partly repetitive) prompts and the target's greedy continuations, teacher-forced (features:
@@ -41,7 +50,7 @@ def tiny_sequences(target: LoadedModel, count: int, seed: int = 0, new_tokens: i
 
 def head_for(target: LoadedModel, design: str, vocab: torch.Tensor | None = None, seed: int = 0) -> DraftHead:
     """An untrained head attached to the target, in the target's dtype (float32 at least)."""
-    config = TrainConfig(design=design, feature_layers=taps_for(target, design))
+    config = config_for(target, design)
     ids = vocab if vocab is not None else torch.arange(target.model.args.vocab_size)
     head = new_head(target.model.args, config, ids, seed)
     dtype = torch.float64 if target.model.dtype == torch.float64 else torch.float32
@@ -55,8 +64,7 @@ def trained_head(target: LoadedModel, design: str, updates: int = 40, steps: int
                  vocab: torch.Tensor | None = None) -> DraftHead:
     sequences = tiny_sequences(target, 24)
     head = head_for(target, design, vocab)
-    config = TrainConfig(design=design, steps=steps if design != "tokens" else 1, tokens_per_update=256,
-                         epochs=updates * 256 / sum(len(s.tokens) for s in sequences), warmup=5, lr=3e-3,
-                         feature_layers=taps_for(target, design))
+    config = config_for(target, design, steps=steps if design != "tokens" else 1, tokens_per_update=256,
+                        epochs=updates * 256 / sum(len(s.tokens) for s in sequences), warmup=5, lr=3e-3)
     train(head, sequences, config, progress=False)
     return head.eval().requires_grad_(False)

@@ -10,16 +10,20 @@ import pytest
 import torch
 
 from decoding.build import MIN_DRAFT_PEAK, build_drafter, load_draft
+from decoding.copy_hints import sequence_hints
 from decoding.distill.data import draft_vocabulary
 from decoding.distill.evaluate import chain_acceptance
 from decoding.distill.train import TrainConfig, head_features, sequence_loss, train, vocab_index
 from decoding.distill.unroll import step_mask, unrolled
 from decoding.draft_head import DraftHead, HeadConfig, is_head_file, load_head, save_head
 from decoding.drafters import CompositeDrafter, FallbackDrafter, GrammarForcedDrafter, HeadDrafter, NgramDrafter
+from decoding.drafters.base import Proposal
 from decoding.errors import ModelLoadError, TokenizerMismatchError
+from decoding.generate import Engine, GenerationConfig
 from decoding.packing import ROW_STABLE_IN_FEATURES
+from decoding.stats import SpecStats
 from tests.conftest import TinyFactory
-from tests.decoding.heads import head_for, taps_for, tiny_sequences
+from tests.decoding.heads import config_for, head_for, tiny_sequences, trained_head
 
 
 def test_step_mask_reads_the_chain_a_draft_sees() -> None:
@@ -30,7 +34,7 @@ def test_step_mask_reads_the_chain_a_draft_sees() -> None:
     assert mask[j, 10:].tolist() == [False, False, False, False, True]
 
 
-@pytest.mark.parametrize("design", ["eagle", "eagle3", "tokens"])
+@pytest.mark.parametrize("design", ["eagle", "eagle3", "tokens", "eagle+copy"])
 def test_unrolled_steps_equal_decode_time_steps(tiny_model: TinyFactory, design: str) -> None:
     """Step u of the training forward at pair j == the head's cached decode chain after j-u verified pairs."""
     target = tiny_model(vocab_size=16, dtype=torch.float32, seed=2)
@@ -45,24 +49,27 @@ def test_unrolled_steps_equal_decode_time_steps(tiny_model: TinyFactory, design:
         outputs = unrolled(head, tokens, feats, steps)
     last_verified = 9  # pairs 0 .. 9 read the target's features
     verified_feats = feats[: last_verified + 1] if feats is not None else None
-    predicted, _ = head.step(tokens[1 : last_verified + 2], verified_feats, 0)
+    hints = sequence_hints(tokens)[1:]  # (T - 1, 2): pair j reads token j + 1, and the hint after it
+    use = head.config.copy_hint
+    predicted, _ = head.step(tokens[1 : last_verified + 2], verified_feats, 0,
+                             hints=hints[: last_verified + 1] if use else None)
     torch.testing.assert_close(outputs[0][: last_verified + 1], predicted, rtol=1e-4, atol=1e-4)
     feature = predicted[-1:]
     for u in range(1, steps):  # chain: pair last_verified + u reads the feature predicted one step earlier
         pos = last_verified + u
-        feature, _ = head.step(tokens[pos + 1 : pos + 2], feature, pos)
+        feature, _ = head.step(tokens[pos + 1 : pos + 2], feature, pos, hints=hints[pos : pos + 1] if use else None)
         torch.testing.assert_close(outputs[u][pos], feature[0], rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("design", ["eagle", "eagle3", "tokens"])
+@pytest.mark.parametrize("design", ["eagle", "eagle3", "tokens", "eagle+copy"])
 def test_a_few_training_steps_lower_the_distillation_loss(tiny_model: TinyFactory, design: str) -> None:
     target = tiny_model(vocab_size=16, dtype=torch.float32, seed=2)
     sequences = tiny_sequences(target, 16)
     vocab, coverage = draft_vocabulary(sequences, 12, 16)
     assert len(vocab) == 12 and 0.5 < coverage <= 1.0
     head = head_for(target, design, vocab)
-    config = TrainConfig(design=design, steps=2 if design != "tokens" else 1, tokens_per_update=128, epochs=6,
-                         warmup=3, lr=3e-3, feature_layers=taps_for(target, design))
+    config = config_for(target, design, steps=2 if design != "tokens" else 1, tokens_per_update=128, epochs=6,
+                        warmup=3, lr=3e-3)
     index = vocab_index(head)
 
     def mean_loss() -> float:
@@ -180,3 +187,30 @@ def test_a_bf16_eagle3_head_steps_on_target_features_wider_than_one_packed_reduc
     assert verified.shape == (3, 400) and logits.shape == (3, 16)
     drafted, _ = head.step(torch.tensor([2]), verified[-1:], 3)  # then its own output
     assert drafted.shape == (1, 400) and torch.isfinite(drafted).all()
+
+
+def test_a_context_vocab_head_drafts_context_tokens_outside_its_fixed_vocabulary(tiny_model: TinyFactory) -> None:
+    """A copy head with 8 fixed tokens of 16 scores the context's others too, and drafts them where the
+    target repeats its context; the drafts stay the target's greedy output."""
+    target = tiny_model(vocab_size=16, dtype=torch.float32, seed=2)
+    head = trained_head(target, "eagle+copy", updates=60, vocab=torch.arange(8))
+    drafter = HeadDrafter(head, max_tokens=4)
+    proposed: list[int] = []
+    inner = drafter.propose
+
+    def spy(*args: object, **kwargs: object) -> Proposal:
+        proposal = inner(*args, **kwargs)  # type: ignore[arg-type]
+        proposed.extend(proposal.tokens)
+        return proposal
+
+    drafter.propose = spy  # type: ignore[method-assign]
+    prompt = [0, 9, 12, 3, 14, 9, 12, 3, 14, 9, 12]
+    config = GenerationConfig(max_new_tokens=24, ignore_eos=True)
+    expected = [t for s in Engine(target).decode_tokens(prompt, replace(config, speculative=False), SpecStats())
+                for t in s]
+    stats = SpecStats()
+    got = [t for s in Engine(target, drafter).decode_tokens(prompt, config, stats) for t in s]
+    assert got == expected
+    assert drafter.vocab.extra is not None and set(drafter.vocab.extra.tolist()) >= {9, 12, 14}
+    assert any(t >= 8 for t in proposed), "no draft outside the fixed vocabulary"
+    assert stats.accepted_tokens > 0

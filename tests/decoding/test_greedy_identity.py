@@ -33,8 +33,10 @@ def _tokens(engine: Engine, prompt: list[int], n: int, speculative: bool) -> tup
 def _drafters(target: LoadedModel, kind: str) -> Drafter:
     if kind == "ngram":
         return NgramDrafter(min_n=1, max_n=3)
-    if kind in ("eagle-head", "eagle3-head", "tokens-head"):  # a draft head of each design, trained briefly
-        return HeadDrafter(trained_head(target, kind.split("-")[0]), max_tokens=6)
+    if kind in ("eagle-head", "eagle3-head", "tokens-head", "eagle+copy-head"):  # each design, trained briefly
+        return HeadDrafter(trained_head(target, kind.removesuffix("-head")), max_tokens=6)
+    if kind == "eagle+copy-head-subset":  # half the vocabulary fixed, the rest scored from the context
+        return HeadDrafter(trained_head(target, "eagle+copy", vocab=torch.arange(32)), max_tokens=6)
     if kind == "ngram+eagle-head":  # the head chains its own features over the n-gram's proposals
         return CompositeDrafter([NgramDrafter(min_n=2, max_n=3, max_tokens=2),
                                  HeadDrafter(trained_head(target, "eagle"), max_tokens=6)])
@@ -43,8 +45,8 @@ def _drafters(target: LoadedModel, kind: str) -> Drafter:
                                 HeadDrafter(trained_head(target, "eagle"), max_tokens=6, min_peak=MIN_DRAFT_PEAK)])
     if kind == "eagle-head-tree":  # a draft tree per pass, verified by walking it (decoding/tree.py)
         return HeadDrafter(trained_head(target, "eagle"), max_tokens=6, tree=TREE)
-    if kind in ("ngram|eagle-head-tree", "ngram|eagle3-head-tree"):  # the shipped arrangement
-        design = kind.split("|")[1].split("-")[0]
+    if kind in ("ngram|eagle-head-tree", "ngram|eagle3-head-tree", "ngram|eagle+copy-head-tree"):  # as shipped
+        design = kind.split("|")[1].removesuffix("-head-tree")
         return FallbackDrafter([NgramDrafter(min_n=2, max_n=3),
                                 HeadDrafter(trained_head(target, design), max_tokens=6, tree=TREE)])
     if kind == "ngram+eagle-head-tree":  # chained after the n-gram's tokens, the tree's first branch
@@ -61,7 +63,8 @@ def _drafters(target: LoadedModel, kind: str) -> Drafter:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("kind", ["ngram", "draft", "composite", "eagle-head", "tokens-head", "ngram+eagle-head",
                                   "draft-cut", "ngram|eagle-head-cut", "eagle-head-tree", "ngram|eagle-head-tree",
-                                  "ngram+eagle-head-tree", "eagle3-head", "ngram|eagle3-head-tree"])
+                                  "ngram+eagle-head-tree", "eagle3-head", "ngram|eagle3-head-tree",
+                                  "eagle+copy-head", "eagle+copy-head-subset", "ngram|eagle+copy-head-tree"])
 def test_speculative_greedy_equals_target_only(tiny_model: TinyFactory, dtype: torch.dtype, kind: str) -> None:
     target = tiny_model(vocab_size=64, dtype=dtype, seed=1, logit_scale=2.0)
     base = Engine(target)
@@ -77,7 +80,7 @@ def test_speculative_greedy_equals_target_only(tiny_model: TinyFactory, dtype: t
     # and some were rejected too, so the rollback path ran
     assert total.accepted_tokens < total.draft_tokens
     assert total.target_passes < 4 * 40 + 4, "speculation should save target passes"
-    if kind in ("eagle-head-tree", "ngram|eagle-head-tree", "ngram|eagle3-head-tree"):
+    if kind.endswith("-tree") and not kind.startswith("ngram+"):
         assert total.tree_passes > 0, "the tree path ran"
 
 

@@ -148,6 +148,9 @@ def _drafter(kind: str, target: LoadedModel) -> Drafter:
         return NgramDrafter(min_n=1, max_n=3, max_tokens=2)
     if kind == "eagle-head":  # emits 4 of the 5 tokens: q is zero on the last, as for a real head's subset
         return HeadDrafter(trained_head(target, "eagle", updates=6, vocab=torch.arange(4)), max_tokens=2)
+    if kind == "eagle+copy-head":  # a fixed vocabulary of 3 tokens; the prompt's 3 and 4 are scored as context
+        head = trained_head(target, "eagle+copy", updates=6, vocab=torch.arange(3))
+        return HeadDrafter(head, max_tokens=2)
     if kind == "eagle-head-tree":  # deterministic drafts, verified by walking the tree
         return HeadDrafter(trained_head(target, "eagle", updates=20), max_tokens=2, tree=TREE)
     if kind == "eagle3-head-tree":  # a head reading two depths of the target
@@ -176,7 +179,7 @@ PARAMS = {
      ("eagle-head", "t1.0"), ("eagle-head", "topk3"), ("ngram+eagle-head", "t0.7"),
      ("draft-cut", "t1.0"), ("draft-cut", "topp0.8"), ("ngram|eagle-head-cut", "t1.0"),
      ("eagle-head-tree", "t1.0"), ("eagle-head-tree", "topp0.8"), ("ngram|eagle-head-tree", "t0.7"),
-     ("eagle3-head-tree", "t0.7")],
+     ("eagle3-head-tree", "t0.7"), ("eagle+copy-head", "t1.0"), ("eagle+copy-head", "topp0.8")],
 )
 def test_speculative_sampling_matches_target_distribution(tiny_model: TinyFactory, kind: str, params_name: str) -> None:
     target = _target(tiny_model)

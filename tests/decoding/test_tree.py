@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from decoding.drafters import HeadDrafter
+from decoding.drafters.context_vocab import ContextVocab
 from decoding.drafters.head_tree import TreeShape, grow_tree
 from decoding.sampling import SamplingParams
 from decoding.tree import TokenTree, verify_tree
@@ -80,7 +81,8 @@ def test_head_grows_a_well_formed_tree(tiny_model: TinyFactory) -> None:
     context = torch.tensor([0, 3, 4, 5, 3, 4])
     feature, logits = head.step(context[1:], torch.randn(5, head.config.dim), 0)
     shape = TreeShape(nodes=10, branch=3, width=2, depth=4, min_score=0.0)
-    tree, steps = grow_tree(head, logits[-1], feature[-1:], 5, shape, 8, SamplingParams(temperature=0.0))
+    tree, steps = grow_tree(head, logits[-1], feature[-1:], 5, shape, 8, SamplingParams(temperature=0.0),
+                             ContextVocab(head.vocab, 64, enabled=False))
     assert len(tree) == 10 and tree.depth <= 4 and steps == 3
     assert sorted(tree.depths) == tree.depths  # breadth first
     # the root's three best tokens are all children of the root
