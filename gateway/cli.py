@@ -8,10 +8,15 @@ import logging
 import os
 import sys
 import time
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from decoding.errors import DecodingError, InvalidRequestError
 from gateway.auth import NoKeysError
 from policies.loader import PolicyError
+
+if TYPE_CHECKING:
+    from decoding.loading import LoadedModel
 
 
 def _read_json(path: str, what: str) -> object:
@@ -125,8 +130,6 @@ def _bench_gateway(args: argparse.Namespace) -> int:
 
 
 def _distill(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from decoding.distill.card import card_markdown
     from decoding.distill.data import DataConfig
     from decoding.distill.run import distill
@@ -135,6 +138,8 @@ def _distill(args: argparse.Namespace) -> int:
     from decoding.loading import load_model
 
     target = load_model(args.model, args.dtype)
+    if args.evaluate:
+        return _evaluate_heads(target, [Path(p) for p in args.evaluate])
     taps: tuple[int, ...] = ()
     if args.design == "eagle3":
         taps = (tuple(int(i) for i in args.feature_layers.split(",")) if args.feature_layers
@@ -148,13 +153,28 @@ def _distill(args: argparse.Namespace) -> int:
     config = TrainConfig(design=args.design, n_layers=args.layers, steps=args.steps if args.design != "tokens" else 1,
                          vocab_size=args.vocab_size, lr=args.lr, epochs=args.epochs, minutes=args.minutes,
                          seed=args.seed, tokens_per_update=args.tokens_per_update, prompt_weight=args.prompt_weight,
-                         feature_layers=taps, copy_hint=args.copy_hint, context_vocab=args.context_vocab)
+                         feature_layers=taps, copy_hint=args.copy_hint and args.design != "tokens",
+                         context_vocab=args.context_vocab)
     out = Path(args.out or f"draft-{target.name}-{args.design}.safetensors")
     card = distill(target, out, data, config, resume=args.resume, data_file=Path(args.data) if args.data else None)
     out.with_suffix(".md").write_text(card_markdown(card, f"Draft head for {target.name} ({args.design})"))
     print(json.dumps({"held_out": card["held_out"]["all"], "cost": card["cost"],
                       "updates": card["training"]["updates"], "train_wall_s": card["training"]["train_wall_s"]}))
     print(f"wrote {out} and its model card {out.with_suffix('.md')} (use it with --draft {out})")
+    return 0
+
+
+def _evaluate_heads(target: LoadedModel, paths: list[Path]) -> int:
+    from decoding.distill.bench_set import bench_sequences, evaluate_on_bench
+
+    sequences = bench_sequences(target)
+    print("| head | category | chains | first draft accepted | mean acceptance length |")
+    print("|---|---|---:|---:|---:|")
+    for path in paths:
+        result = evaluate_on_bench(target, path, sequences)
+        for name, s in [*result["categories"].items(), ("all", result["all"])]:
+            print(f"| {path.name} | {name} | {s['chains']} | {s['first_draft_accepted']:.1%} "
+                  f"| {s['mean_acceptance_length']:.2f} |")
     return 0
 
 
@@ -229,15 +249,15 @@ def build_parser() -> argparse.ArgumentParser:
                            "fused; tokens: an independent small LM")
     dist.add_argument("--feature-layers", default=None, metavar="I,J",
                       help="eagle3: the target blocks read besides the final state (default: block 2 and the middle)")
-    dist.add_argument("--copy-hint", action="store_true",
+    dist.add_argument("--copy-hint", action=argparse.BooleanOptionalAction, default=True,
                       help="eagle heads: each position also reads prompt lookup's guess, so the head can copy")
-    dist.add_argument("--context-vocab", action="store_true",
+    dist.add_argument("--context-vocab", action=argparse.BooleanOptionalAction, default=True,
                       help="the head also scores the request's context tokens outside its fixed vocabulary")
     dist.add_argument("--layers", type=int, default=1, help="decoder layers in the head")
     dist.add_argument("--steps", type=int, default=3, help="unrolled draft steps per training sequence (eagle)")
     dist.add_argument("--vocab-size", type=int, default=8192, help="tokens the head can emit")
-    dist.add_argument("--epochs", type=float, default=10.0)
-    dist.add_argument("--minutes", type=float, default=45.0, help="wall-time limit of the training")
+    dist.add_argument("--epochs", type=float, default=6.0)
+    dist.add_argument("--minutes", type=float, default=75.0, help="wall-time limit of the training")
     dist.add_argument("--lr", type=float, default=2e-3)
     dist.add_argument("--tokens-per-update", type=int, default=1024, help="tokens per optimiser step")
     dist.add_argument("--seed", type=int, default=0)
@@ -252,6 +272,9 @@ def build_parser() -> argparse.ArgumentParser:
     dist.add_argument("--data", default=None, metavar="FILE", help="the data set file (default: in the cache)")
     dist.add_argument("--resume", action="store_true", help="continue from this configuration's checkpoint")
     dist.add_argument("--dtype", default="auto")
+    dist.add_argument("--evaluate", nargs="+", metavar="HEAD",
+                      help="train nothing: score these draft head files' greedy chains on the bench prompts' own "
+                           "outputs (offline, never trained on)")
     dist.set_defaults(func=_distill)
     return parser
 
