@@ -16,6 +16,7 @@ from tqdm import tqdm
 from decoding.bench.workload import load_workload
 from decoding.distill.data import Sequence, load_sequences, save_sequences, teacher_force
 from decoding.distill.evaluate import evaluate
+from decoding.distill.run import attach_target
 from decoding.draft_head import load_head
 from decoding.drafters import NgramDrafter
 from decoding.generate import Engine, GenerationConfig
@@ -50,6 +51,5 @@ def evaluate_on_bench(target: LoadedModel, head_path: Path, sequences: list[Sequ
     """Greedy chain acceptance of a draft head file on the bench sequences, overall and per category."""
     model = target.model
     head = load_head(head_path, model.tok_embeddings.weight.detach(), model.output.weight.detach(),
-                     target.tokenizer.fingerprint()).float()
-    head.attach(model.tok_embeddings.weight.detach().float(), model.output.weight.detach().float())
-    return evaluate(head, sequences)
+                     target.tokenizer.fingerprint())
+    return evaluate(attach_target(head.float(), target, torch.float32), sequences)

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from decoding.distill.data import Sequence
-from decoding.distill.train import context_extra, head_features, vocab_index
+from decoding.distill.train import context_extra, head_features, scored_ids, vocab_index
 from decoding.distill.unroll import unrolled
 from decoding.draft_head import DraftHead
 from decoding.model import Transformer
@@ -28,7 +28,7 @@ def chain_acceptance(head: DraftHead, seq: Sequence, depth: int) -> list[int]:
     steps = depth if head.uses_features else 1
     outputs = unrolled(head, seq.tokens, head_features(head, seq) if head.uses_features else None, steps)
     extra = context_extra(head, vocab_index(head), seq.tokens)  # (n,) context tokens it scores too, or None
-    ids = head.vocab if extra is None else torch.cat([head.vocab, extra])
+    ids = scored_ids(head, extra)  # (Vd + n,)
     top1 = seq.top_ids[p - 1 :, 0].long()  # target's top-1 after positions p-1 .. T-1
     ok: list[torch.Tensor] = []  # ok[u][j]: step u is right at pair j (j >= p - 2)
     for u in range(depth):

@@ -83,6 +83,11 @@ def context_extra(head: DraftHead, index: torch.Tensor, tokens: torch.Tensor) ->
     return ids[index[ids] < 0]
 
 
+def scored_ids(head: DraftHead, extra: torch.Tensor | None) -> torch.Tensor:
+    """(Vd + n,) the target id of each logit `head.scores(..., extra)` returns."""
+    return head.vocab if extra is None else torch.cat([head.vocab, extra])
+
+
 def head_features(head: DraftHead, seq: Sequence) -> torch.Tensor:
     """(T, F) float32: the columns of the sequence's stored features that `head` reads (data built for an
     eagle3 head holds the final state first, so an eagle head trains on the same file)."""
@@ -109,7 +114,7 @@ def sequence_loss(head: DraftHead, seq: Sequence, config: TrainConfig, index: to
     weights = torch.full((n,), config.prompt_weight)  # (n,) per pair
     weights[max(p - 2, 0) :] = 1.0
     extra = context_extra(head, index, seq.tokens)  # (n_extra,) or None
-    ids = head.vocab if extra is None else torch.cat([head.vocab, extra])  # (Vd + n_extra,) id of each logit
+    ids = scored_ids(head, extra)  # (Vd + n_extra,) id of each logit
     if extra is not None:
         index = index.clone()
         index[extra] = torch.arange(len(head.vocab), len(ids))
