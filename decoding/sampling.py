@@ -14,6 +14,9 @@ import torch
 
 from decoding.errors import InvalidRequestError
 
+# what torch.Generator.manual_seed takes: a signed or an unsigned 64-bit integer
+SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -29,6 +32,8 @@ class SamplingParams:
             raise InvalidRequestError(f"top_k must be >= 0, got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
             raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.seed is not None and not SEED_MIN <= self.seed <= SEED_MAX:
+            raise InvalidRequestError(f"seed must be in [{SEED_MIN}, {SEED_MAX}], got {self.seed}")
 
     @property
     def greedy(self) -> bool:
@@ -57,7 +62,10 @@ def processed_probs(
     if params.greedy:
         # the processed distribution of greedy decoding is one-hot at the argmax
         return torch.nn.functional.one_hot(x.argmax(-1), x.shape[-1]).to(x.dtype)
-    x = x / params.temperature
+    # shift the maximum to 0 before scaling: a temperature too small for float32 (1e-38, 1e-300) then
+    # sends the others to -inf instead of making inf - inf = nan inside the softmax
+    top = x.max(dim=-1, keepdim=True).values  # [T, 1]
+    x = torch.where(x == top, 0.0, (x - top) / params.temperature)
     if params.top_k and params.top_k < x.shape[-1]:
         kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]  # [T, 1]
         x = x.masked_fill(x < kth, float("-inf"))
@@ -66,7 +74,9 @@ def processed_probs(
         sorted_p, order = probs.sort(dim=-1, descending=True)
         # drop a token when the tokens strictly more likely already reach top_p (keep at least one)
         before = sorted_p.cumsum(-1) - sorted_p
-        sorted_p = sorted_p.masked_fill(before >= params.top_p, 0.0)
+        drop = before >= params.top_p  # [T, V]
+        drop[..., 0] = False  # a top_p that rounds to 0 in float32 (1e-46) still keeps the likeliest
+        sorted_p = sorted_p.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter_(-1, order, sorted_p)
         probs = probs / probs.sum(-1, keepdim=True)
     return probs

@@ -10,11 +10,13 @@ structured.py), which names the offending field the same way.
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from decoding.errors import InvalidRequestError
+from decoding.sampling import SEED_MAX, SEED_MIN
 
 
 class RequestError(InvalidRequestError):
@@ -41,7 +43,7 @@ class ChatCompletionRequest(BaseModel):
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     top_p: float | None = Field(default=None, gt=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=0)  # an extension (vLLM's name)
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)  # what a torch generator takes
     stop: str | list[str] | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
@@ -120,6 +122,8 @@ def unsupported(request: ChatCompletionRequest) -> RequestError | None:
                                 "unsupported_parameter")
     if isinstance(request.stop, list) and len(request.stop) > 4:
         return RequestError("'stop' takes at most 4 sequences", "stop", "invalid_value")
+    if "" in request.stop_sequences:
+        return RequestError("'stop' sequences must be non-empty strings", "stop", "invalid_value")
     return None
 
 
@@ -130,6 +134,29 @@ def _param(loc: tuple[Any, ...]) -> str:
     return out
 
 
+# a \uD800-\uDFFF escape: the only way a surrogate gets into parsed JSON (raw ones are invalid UTF-8)
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _unpaired_surrogate(value: Any, loc: tuple[Any, ...] = ()) -> tuple[Any, ...] | None:
+    """Where in a parsed JSON value a string (or key) holds a UTF-16 surrogate with no partner: text no
+    tokenizer can encode. json.loads joins a proper pair into one character, so only lone ones remain."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return loc
+        return None
+    items: Any = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        if isinstance(key, str) and _unpaired_surrogate(key) is not None:
+            return (*loc, key)
+        found = _unpaired_surrogate(item, (*loc, key))
+        if found is not None:
+            return found
+    return None
+
+
 def parse_request(body: bytes) -> ChatCompletionRequest:
     """The request in `body`, or a RequestError naming the first field at fault."""
     try:
@@ -138,6 +165,11 @@ def parse_request(body: bytes) -> ChatCompletionRequest:
         raise RequestError(f"the request body is not valid JSON: {exc}", None, "invalid_json") from exc
     if not isinstance(raw, dict):
         raise RequestError("the request body must be a JSON object", None, "invalid_json")
+    if _SURROGATE_ESCAPE.search(body) and (where := _unpaired_surrogate(raw)) is not None:
+        # a key can hold the surrogate too: named with it escaped, or the error itself could not be sent
+        param = _param(where).encode("utf-8", "backslashreplace").decode() or None
+        raise RequestError(f"'{param}' holds an unpaired UTF-16 surrogate (a lone \\ud800-\\udfff escape): "
+                           "text must be valid Unicode", param, "invalid_value")
     try:
         request = ChatCompletionRequest.model_validate(raw)
     except ValidationError as exc:

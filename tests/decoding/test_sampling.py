@@ -42,7 +42,26 @@ def test_mask_removes_disallowed_tokens_before_everything_else() -> None:
     assert next_token(LOGITS[0], SamplingParams(), g, allowed[0]) == 1
 
 
-@pytest.mark.parametrize("kwargs", [{"temperature": -1.0}, {"top_k": -2}, {"top_p": 0.0}, {"top_p": 1.5}])
+@pytest.mark.parametrize("temperature", [1e-38, 1e-300, 5e-324])
+def test_a_temperature_too_small_for_float32_is_one_hot_not_nan(temperature: float) -> None:
+    logits = torch.tensor([[0.5, 2.0, 1.99, float("-inf")]])  # float32, as the engine's logits; one masked
+    probs = processed_probs(logits, SamplingParams(temperature=temperature))
+    assert probs.tolist() == [[0.0, 1.0, 0.0, 0.0]]
+    assert next_token(logits[0], SamplingParams(temperature=temperature), torch.Generator().manual_seed(0)) == 1
+
+
+def test_a_top_p_that_rounds_to_zero_keeps_the_likeliest_token() -> None:
+    probs = processed_probs(LOGITS.float(), SamplingParams(temperature=1.0, top_p=1e-46))  # 0.0 in float32
+    assert probs.tolist() == [[1.0, 0.0, 0.0, 0.0, 0.0]]
+
+
+def test_the_whole_64_bit_seed_range_is_accepted() -> None:
+    for seed in (-(2**63), 2**64 - 1):
+        SamplingParams(temperature=1.0, seed=seed).generator()
+
+
+@pytest.mark.parametrize("kwargs", [{"temperature": -1.0}, {"top_k": -2}, {"top_p": 0.0}, {"top_p": 1.5},
+                                    {"seed": 2**64}, {"seed": -(2**63) - 1}])
 def test_out_of_range_parameters_are_refused(kwargs: dict[str, float]) -> None:
     with pytest.raises(InvalidRequestError):
         SamplingParams(**kwargs)  # type: ignore[arg-type]

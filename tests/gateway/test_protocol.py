@@ -54,8 +54,23 @@ def test_passthrough_keeps_openai_fields_only() -> None:
     (json.dumps({**BASE, "stop": ["a", "b", "c", "d", "e"]}).encode(), "invalid_value", "stop"),
     (json.dumps({**BASE, "service_tier": "flex"}).encode(), "invalid_type", "service_tier"),
     (json.dumps({**BASE, "mystery": 1}).encode(), "unknown_parameter", "mystery"),
+    (json.dumps({**BASE, "seed": 2**64}).encode(), "invalid_value", "seed"),
+    (json.dumps({**BASE, "seed": -(2**63) - 1}).encode(), "invalid_value", "seed"),
+    (json.dumps({**BASE, "stop": ["END", ""]}).encode(), "invalid_value", "stop"),
+    # a lone UTF-16 surrogate is valid JSON but not text: named wherever it is, keys included
+    (b'{"model": "m", "messages": [{"role": "user", "content": "\\ud800 hi"}]}', "invalid_value",
+     "messages[0].content"),
+    (b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "metadata": {"k\\udfff": "v"}}',
+     "invalid_value", "metadata.k\\udfff"),  # escaped in the error, which must itself be sendable
 ])
 def test_faults_are_named(body: bytes, code: str, param: str | None) -> None:
     with pytest.raises(RequestError) as info:
         parse_request(body)
     assert info.value.code == code and info.value.param == param
+
+
+def test_surrogate_pairs_and_escaped_backslashes_are_text() -> None:
+    pair = parse_request(b'{"model": "m", "messages": [{"role": "user", "content": "\\ud83d\\ude00"}]}')
+    assert pair.messages[0]["content"] == "\U0001F600"
+    literal = parse_request(b'{"model": "m", "messages": [{"role": "user", "content": "\\\\ud800"}]}')
+    assert literal.messages[0]["content"] == "\\ud800"  # a backslash, then the letters
