@@ -7,6 +7,7 @@ one, then sent as tool-call deltas once parsed and validated.
 
 from __future__ import annotations
 
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -26,6 +27,8 @@ from gateway.state import GatewayState
 
 DEFAULT_MAX_TOKENS = 1024  # when the client sets none (cut further to what the context leaves)
 OPENAI_DEFAULT_TEMPERATURE = 1.0
+
+DISCONNECT_CHECK_S = 0.5  # how often a non-streamed request looks for a client that went away
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -72,11 +75,17 @@ def chat_request(req: ChatCompletionRequest, speculative: bool) -> ChatRequest:
 
 
 async def _collect(local: LocalModel, job: Job, request: Request) -> Done:
+    checked = time.monotonic()
     async for item in local.events(job):
         if isinstance(item, Done):
             return item
-        if item is None and await request.is_disconnected():
-            raise ClientGone()  # leaving events() cancels the generation
+        # while queued, events() ticks with None; while decoding, text arrives at every step: check the
+        # client on both, at most every DISCONNECT_CHECK_S
+        now = time.monotonic()
+        if item is None or now - checked >= DISCONNECT_CHECK_S:
+            checked = now
+            if await request.is_disconnected():
+                raise ClientGone()  # leaving events() cancels the generation
     raise AssertionError("events() ends with Done")
 
 

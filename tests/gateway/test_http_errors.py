@@ -42,6 +42,8 @@ def envelope(response: httpx.Response) -> dict[str, Any]:
     ({"messages": OK["messages"]}, 400, "missing_required_parameter", "model"),
     ({**OK, "messages": [{"role": "wizard", "content": "x"}]}, 400, "invalid_messages", "messages[0].role"),
     ({**OK, "model": "gpt-9"}, 404, "model_not_found", "model"),
+    ({**OK, "seed": 2**64, "temperature": 1}, 400, "invalid_value", "seed"),
+    ({**OK, "stop": ["END", ""]}, 400, "invalid_value", "stop"),
     ({**OK, "messages": [{"role": "user", "content": "word " * 9000}]}, 400, "context_length_exceeded", None),
     ({**OK, "tools": [{"type": "function", "function": {"name": "bad name!", "parameters": {}}}]}, 400,
      "invalid_tools", None),
@@ -63,6 +65,25 @@ def test_bad_requests_get_precise_errors(gateway_url: str, body: dict[str, Any],
 def test_malformed_json_is_a_400(gateway_url: str) -> None:
     response = post(gateway_url, None, raw=b'{"model": "smollm2-135m", "messages": [')
     assert response.status_code == 400 and envelope(response)["code"] == "invalid_json"
+
+
+def test_a_lone_surrogate_is_a_400_naming_where(gateway_url: str) -> None:
+    for stream in (b"false", b"true"):
+        raw = b'{"model": "smollm2-135m", "stream": %s, "messages": [{"role": "user", "content": "\\ud800 hi"}]}'
+        response = post(gateway_url, None, raw=raw % stream)
+        assert response.status_code == 400, response.text
+        error = envelope(response)
+        assert error["code"] == "invalid_value" and error["param"] == "messages[0].content"
+
+
+@pytest.mark.parametrize("sampling", [{"temperature": 1e-38}, {"temperature": 1e-300},
+                                      {"temperature": 1, "top_p": 1e-46}])
+def test_extreme_but_valid_sampling_values_decode(gateway_url: str, sampling: dict[str, float]) -> None:
+    """Values the request checks accept but float32 cannot hold are sampled as the likeliest token."""
+    greedy = post(gateway_url, {**OK, "temperature": 0}).json()["choices"][0]["message"]["content"]
+    response = post(gateway_url, {**OK, **sampling, "seed": 5})
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["message"]["content"] == greedy
 
 
 def test_keys_are_required_and_checked(gateway_url: str) -> None:
@@ -112,3 +133,17 @@ def test_a_client_that_disconnects_frees_the_engine(gateway_url: str) -> None:
     time.sleep(0.5)
     after = post(gateway_url, {**OK, "max_tokens": 2})
     assert after.status_code == 200 and after.json()["draftgate"]["queue_s"] < 5.0
+
+
+def test_a_client_that_gives_up_on_a_non_streamed_request_frees_the_engine(gateway_url: str) -> None:
+    """The same without streaming: the client times out 1.5 s into a generation of 122 tokens without
+    speculation (6-8 s here) and closes the connection. The gateway notices while decoding (it checks
+    every 0.5 s), so the next request finds the engine free; were the generation still running, it
+    would wait its remaining seconds."""
+    long = {"model": "smollm2-135m", "max_tokens": 600, "temperature": 0, "speculative": False,
+            "messages": [{"role": "user", "content": "Count from 1 to 1000, separated by commas."}]}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{gateway_url}/chat/completions", json=long, headers=AUTH, timeout=1.5)
+    time.sleep(1.0)
+    after = post(gateway_url, {**OK, "max_tokens": 2})
+    assert after.status_code == 200 and after.json()["draftgate"]["queue_s"] < 1.0
