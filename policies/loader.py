@@ -62,12 +62,12 @@ class _Walker:
             items = [self.value(child, item, f"{key}[{i}]") for i, child in enumerate(node.value)]
             return tuple(items) if origin is tuple else items
         if not isinstance(node, yaml.ScalarNode):
-            raise self.fail(node, key, f"must be a {hint.__name__}")
+            raise self.fail(node, key, f"must be {_a(hint.__name__)}")
         value = _scalar(node)
         if hint is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if not isinstance(value, hint) or (hint is int and isinstance(value, bool)):
-            raise self.fail(node, key, f"must be a {hint.__name__}, got {value!r}")
+            raise self.fail(node, key, f"must be {_a(hint.__name__)}, got {value!r}")
         return value
 
     def record(self, node: yaml.Node, cls: Any, key: str) -> Any:
@@ -76,6 +76,7 @@ class _Walker:
         hints = get_type_hints(cls)
         known = {f.name: f for f in fields(cls)}
         given: dict[str, Any] = {}
+        value_nodes: dict[str, yaml.Node] = {}
         for key_node, value_node in node.value:
             name = _scalar(key_node)
             path = f"{key}.{name}" if key else str(name)
@@ -84,14 +85,24 @@ class _Walker:
             if name in given:
                 raise self.fail(key_node, path, "given twice")
             given[name] = self.value(value_node, hints[name], path)
+            value_nodes[name] = value_node
         missing = [n for n, f in known.items()
                    if n not in given and f.default is MISSING and f.default_factory is MISSING]
         if missing:
             raise self.fail(node, key, f"missing required key {missing[0]!r}")
         try:
             return cls(**given)
-        except ValueError as exc:  # the record's own checks (__post_init__)
-            raise self.fail(node, key, str(exc)) from exc
+        except ValueError as exc:  # the record's own checks (__post_init__): a message that starts with a
+            # given field's name is that field's fault, named with its own line
+            message = str(exc)
+            name = next((n for n in value_nodes if message.startswith(f"{n} ")), None)
+            if name is None:
+                raise self.fail(node, key, message) from exc
+            raise self.fail(value_nodes[name], f"{key}.{name}" if key else name, message) from exc
+
+
+def _a(noun: str) -> str:
+    return f"an {noun}" if noun[:1] in "aeiou" else f"a {noun}"
 
 
 def parse_policy(text: str, source: str) -> Policy:

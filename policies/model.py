@@ -1,16 +1,28 @@
 """The policy file's settings as typed records; the loader checks a file against these fields.
 
-A field with a default is optional; one without is required. `__post_init__` checks values (a
-ValueError there becomes a PolicyError naming the file, line and key).
+A field with a default is optional; one without is required. `__post_init__` checks values: a
+ValueError there becomes a PolicyError naming the file and line of the record, or of the field itself
+when the message starts with that field's name ("backend must be one of ...").
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from decoding.build import DRAFTER_NAMES
 from decoding.constraints.backends import BACKENDS
 from decoding.constraints.bounds import Bounds
+from decoding.errors import ModelLoadError
+from decoding.loading import resolve_dtype
+
+EMBEDDED = "embedded"
+
+
+def _check_model_path(name: str, spec: str) -> None:
+    """A model given by path must be there when the policy is read, not fail later as something else."""
+    if spec != EMBEDDED and not Path(spec).expanduser().exists():
+        raise ValueError(f"{name} {spec!r}: no such model file or directory")
 
 
 @dataclass(frozen=True)
@@ -34,11 +46,13 @@ class Constraints:
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
+        if self.compile_timeout_s <= 0:
+            raise ValueError(f"compile_timeout_s must be > 0, got {self.compile_timeout_s}")
 
 
 @dataclass(frozen=True)
 class LocalRoute:
-    target: str = "embedded"
+    target: str = EMBEDDED
     draft: str | None = None  # None or "embedded": the draft draftgate ships for an embedded target
     drafters: list[str] = field(default_factory=lambda: ["grammar", "ngram", "draft"])
     dtype: str = "auto"
@@ -48,8 +62,15 @@ class LocalRoute:
     def __post_init__(self) -> None:
         unknown = [d for d in self.drafters if d not in DRAFTER_NAMES]
         if unknown:
-            raise ValueError(f"unknown drafter {unknown[0]!r} (known: {', '.join(DRAFTER_NAMES)})")
-        if "draft" in self.drafters and self.draft is None and self.target != "embedded":
+            raise ValueError(f"drafters lists an unknown drafter {unknown[0]!r} (known: {', '.join(DRAFTER_NAMES)})")
+        try:
+            resolve_dtype(self.dtype)
+        except ModelLoadError as exc:
+            raise ValueError(f"dtype {exc}") from exc
+        _check_model_path("target", self.target)
+        if self.draft is not None:
+            _check_model_path("draft", self.draft)
+        if "draft" in self.drafters and self.draft is None and self.target != EMBEDDED:
             raise ValueError("drafter 'draft' needs a draft model for this target: set 'draft'")
 
 
@@ -82,6 +103,8 @@ class Server:
             raise ValueError(f"max_queue must be >= 1, got {self.max_queue}")
         if self.request_timeout_s <= 0:
             raise ValueError(f"request_timeout_s must be > 0, got {self.request_timeout_s}")
+        if self.max_body_bytes < 1:
+            raise ValueError(f"max_body_bytes must be >= 1, got {self.max_body_bytes}")
 
 
 @dataclass(frozen=True)
@@ -104,7 +127,9 @@ class Policy:
 
     def __post_init__(self) -> None:
         if self.version != 1:
-            raise ValueError(f"unsupported policy version {self.version} (this draftgate reads version 1)")
+            raise ValueError(f"version {self.version} is not supported (this draftgate reads version 1)")
+        if not self.routes:
+            raise ValueError("routes is empty: the gateway would serve no model")
         names = [r.model for r in self.routes]
         duplicate = next((n for n in names if names.count(n) > 1), None)
         if duplicate is not None:

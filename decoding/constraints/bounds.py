@@ -41,6 +41,11 @@ class Bounds:
     # for outlines, of maps only: beside declared properties it generates those alone (outlines_maps.py).
     # outlines' automaton grows with the count: a map of any values takes 6.8 s with 4 keys, 19 s with 8
 
+    def __post_init__(self) -> None:
+        for name in ("string_length", "digits", "items", "properties"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
 
 def _has_type(schema: dict[str, Any], kind: str) -> bool:
     declared = schema.get("type")

@@ -48,10 +48,19 @@ def test_a_full_policy_parses_with_types_and_defaults(tmp_path: Path) -> None:
     (("max_draft_tokens: 6", "max_draft_tokens: 6, eagerness: 3"), 7, "routes[0].local.speculative.eagerness",
      "unknown key"),
     (("max_draft_tokens: 6", "max_draft_tokens: lots"), 7, "routes[0].local.speculative.max_draft_tokens",
-     "must be a int"),
-    (("backend: xgrammar", "backend: regexes"), 8, "routes[0].local.constraints", "backend must be one of"),
-    (("drafters: [grammar, ngram]", "drafters: [grammar, magic]"), 5, "routes[0].local", "unknown drafter"),
-    (("version: 1", "version: 2"), 1, "", "unsupported policy version"),
+     "must be an int"),
+    # a value a record's own check refuses is named by its own key and line, not the record's
+    (("backend: xgrammar", "backend: regexes"), 8, "routes[0].local.constraints.backend", "backend must be one of"),
+    (("compile_timeout_s: 5", "compile_timeout_s: -1"), 8, "routes[0].local.constraints.compile_timeout_s",
+     "must be > 0"),
+    (("compile_timeout_s: 5", "compile_timeout_s: 5,\n                    bounds: {items: 2, string_length: -3}"),
+     9, "routes[0].local.constraints.bounds.string_length", "string_length must be >= 1, got -3"),
+    (("drafters: [grammar, ngram]", "drafters: [grammar, magic]"), 6, "routes[0].local.drafters",
+     "unknown drafter 'magic'"),
+    (("target: embedded", "target: embedded\n      dtype: float99"), 6, "routes[0].local.dtype", "unknown dtype"),
+    (("target: embedded", "target: /nonexistent/model.gguf"), 5, "routes[0].local.target",
+     "no such model file or directory"),
+    (("version: 1", "version: 2"), 1, "version", "version 2 is not supported"),
     (("  - model: remote-model\n", "  - model: smollm2-135m\n"), 1, "", "routed twice"),
     (("    upstream: {litellm_model: openai/some-model, ", "    upstream: {"), 10, "routes[1].upstream",
      "missing required key 'litellm_model'"),
@@ -66,6 +75,11 @@ def test_mistakes_name_file_line_and_key(tmp_path: Path, edit: tuple[str, str], 
         load_policy(path)
     assert err.value.source == str(path) and err.value.line == line and err.value.key == key
     assert message in str(err.value) and f"{path}:{line}" in str(err.value)
+
+
+def test_a_policy_without_routes_is_refused() -> None:
+    with pytest.raises(PolicyError, match=r"empty\.yaml:2: routes: routes is empty: the gateway would serve no model"):
+        parse_policy("version: 1\nroutes: []\n", "empty.yaml")
 
 
 def test_broken_yaml_and_missing_files(tmp_path: Path) -> None:
@@ -88,7 +102,8 @@ def test_server_and_auth_sections(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(("section", "key", "message"), [
-    ("server: {max_queue: 0}", "server", "max_queue must be >= 1"),
+    ("server: {max_queue: 0}", "server.max_queue", "max_queue must be >= 1"),
+    ("server: {max_body_bytes: -5}", "server.max_body_bytes", "max_body_bytes must be >= 1"),
     ("server: {request_timeout: 5}", "server.request_timeout", "unknown key"),
     ("auth: {keys: sk-a}", "auth.keys", "must be a list"),
     ("auth: {dev: yes please}", "auth.dev", "must be a bool"),
