@@ -1,1 +1,1 @@
-"""Agent-trajectory evaluations against any OpenAI-compatible base URL (see DESIGN.md)."""
+"""Agent-trajectory evaluations against any OpenAI-compatible base URL (designed, not built yet)."""

@@ -179,9 +179,13 @@ def _evaluate_heads(target: LoadedModel, paths: list[Path]) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from gateway.serve import serve
+    from gateway.serve import PortInUseError, serve
 
-    return serve(args.policy, args.host, args.port)
+    try:
+        return serve(args.policy, args.host, args.port)
+    except PortInUseError as exc:
+        print(f"draftgate: error: {exc}", file=sys.stderr)
+        return 2
 
 
 def build_parser() -> argparse.ArgumentParser:

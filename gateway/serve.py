@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+import socket
 import sys
 
 from gateway.app import create_app
@@ -13,10 +14,27 @@ from policies.loader import load_policy
 log = logging.getLogger(__name__)
 
 
+class PortInUseError(OSError):
+    """The address to serve on is taken: said before the models load, not after."""
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Bind and release the address as uvicorn will (SO_REUSEADDR), or raise PortInUseError."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise PortInUseError(f"cannot serve on {host}:{port}: {exc.strerror or exc} "
+                                 "(another draftgate running? pick another with --port)") from exc
+
+
 def serve(policy_path: str | None, host: str, port: int) -> int:
     import uvicorn
 
     policy = load_policy(policy_path)
+    check_port_free(host, port)  # loading the models takes a while: fail first
     print(f"draftgate: loading {', '.join(r.model for r in policy.routes)} ...", file=sys.stderr, flush=True)
     state = GatewayState.build(policy)
     if state.keys.dev:

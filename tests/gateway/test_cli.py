@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +23,17 @@ def test_unknown_model_path_is_a_clear_error() -> None:
     assert proc.returncode == 2
     assert "model_load_error" in proc.stderr and "/nonexistent/model.gguf" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_serving_on_a_taken_port_fails_before_loading_the_model() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = _draftgate("serve", "--port", str(port), timeout=60)
+    assert proc.returncode == 2
+    assert f"cannot serve on 127.0.0.1:{port}" in proc.stderr and "in use" in proc.stderr
+    assert "loading" not in proc.stderr and "Traceback" not in proc.stderr
 
 
 @pytest.mark.slow
