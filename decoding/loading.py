@@ -62,6 +62,9 @@ def cpu_supports_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
+DTYPE_NAMES = "auto, bf16, fp32, fp64 or fp16"  # and torch's names: bfloat16, float32, float64, float16
+
+
 def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     if isinstance(dtype, torch.dtype):
         return dtype
@@ -70,7 +73,7 @@ def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
     table = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32,
              "fp64": torch.float64, "float64": torch.float64, "fp16": torch.float16, "float16": torch.float16}
     if dtype not in table:
-        raise ModelLoadError(f"unknown dtype {dtype!r} (use auto, bf16, fp32, fp64 or fp16)")
+        raise ModelLoadError(f"unknown dtype {dtype!r} (use {DTYPE_NAMES})")
     return table[dtype]
 
 

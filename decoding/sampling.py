@@ -62,10 +62,11 @@ def processed_probs(
     if params.greedy:
         # the processed distribution of greedy decoding is one-hot at the argmax
         return torch.nn.functional.one_hot(x.argmax(-1), x.shape[-1]).to(x.dtype)
-    # shift the maximum to 0 before scaling: a temperature too small for float32 (1e-38, 1e-300) then
-    # sends the others to -inf instead of making inf - inf = nan inside the softmax
+    # shift the maximum to 0 and keep it there while scaling: a temperature too small for float32 (1e-38,
+    # 1e-300) then sends the others to -inf instead of making 0 / 0 or inf - inf = nan in the softmax
     top = x.max(dim=-1, keepdim=True).values  # [T, 1]
-    x = torch.where(x == top, 0.0, (x - top) / params.temperature)
+    shifted = x - top  # [T, V] <= 0 (nan only in a row with nothing allowed, as before)
+    x = torch.where(x == top, shifted, shifted / params.temperature)
     if params.top_k and params.top_k < x.shape[-1]:
         kth = torch.topk(x, params.top_k, dim=-1).values[..., -1:]  # [T, 1]
         x = x.masked_fill(x < kth, float("-inf"))

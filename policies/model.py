@@ -14,7 +14,7 @@ from decoding.build import DRAFTER_NAMES
 from decoding.constraints.backends import BACKENDS
 from decoding.constraints.bounds import Bounds
 from decoding.errors import ModelLoadError
-from decoding.loading import resolve_dtype
+from decoding.loading import DTYPE_NAMES, resolve_dtype
 
 EMBEDDED = "embedded"
 
@@ -66,7 +66,7 @@ class LocalRoute:
         try:
             resolve_dtype(self.dtype)
         except ModelLoadError as exc:
-            raise ValueError(f"dtype {exc}") from exc
+            raise ValueError(f"dtype must be one of {DTYPE_NAMES}, got {self.dtype!r}") from exc
         _check_model_path("target", self.target)
         if self.draft is not None:
             _check_model_path("draft", self.draft)
