@@ -79,7 +79,7 @@ class _Walker:
         value_nodes: dict[str, yaml.Node] = {}
         for key_node, value_node in node.value:
             name = _scalar(key_node)
-            path = f"{key}.{name}" if key else str(name)
+            path = _child(key, name)
             if name not in known:
                 raise self.fail(key_node, path, f"unknown key (known here: {', '.join(known)})")
             if name in given:
@@ -98,7 +98,12 @@ class _Walker:
             name = next((n for n in value_nodes if message.startswith(f"{n} ")), None)
             if name is None:
                 raise self.fail(node, key, message) from exc
-            raise self.fail(value_nodes[name], f"{key}.{name}" if key else name, message) from exc
+            raise self.fail(value_nodes[name], _child(key, name), message) from exc
+
+
+def _child(key: str, name: object) -> str:
+    """The dotted path of field `name` inside the record at `key` ("" for the top level)."""
+    return f"{key}.{name}" if key else str(name)
 
 
 def _a(noun: str) -> str:

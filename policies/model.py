@@ -14,9 +14,7 @@ from decoding.build import DRAFTER_NAMES
 from decoding.constraints.backends import BACKENDS
 from decoding.constraints.bounds import Bounds
 from decoding.errors import ModelLoadError
-from decoding.loading import DTYPE_NAMES, resolve_dtype
-
-EMBEDDED = "embedded"
+from decoding.loading import DTYPE_NAMES, EMBEDDED, resolve_dtype
 
 
 def _check_model_path(name: str, spec: str) -> None:
