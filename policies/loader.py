@@ -15,7 +15,7 @@ from typing import Any, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
-from policies.model import Policy
+from policies.model import FieldError, Policy
 
 DEFAULT_POLICY = "default.yaml"
 
@@ -92,6 +92,9 @@ class _Walker:
             raise self.fail(node, key, f"missing required key {missing[0]!r}")
         try:
             return cls(**given)
+        except FieldError as exc:  # a check that names the value at fault by its path inside the record
+            found, path = _node_at(node, exc.path, key)
+            raise self.fail(found, path, str(exc)) from exc
         except ValueError as exc:  # the record's own checks (__post_init__): a message that starts with a
             # given field's name is that field's fault, named with its own line
             message = str(exc)
@@ -99,6 +102,20 @@ class _Walker:
             if name is None:
                 raise self.fail(node, key, message) from exc
             raise self.fail(value_nodes[name], _child(key, name), message) from exc
+
+
+def _node_at(node: yaml.Node, path: tuple[str | int, ...], key: str) -> tuple[yaml.Node, str]:
+    """The node at `path` below the record `node` (at `key`), and its dotted key; as deep as it goes."""
+    for step in path:
+        if isinstance(step, int) and isinstance(node, yaml.SequenceNode) and step < len(node.value):
+            node, key = node.value[step], f"{key}[{step}]"
+            continue
+        child = next((v for k, v in getattr(node, "value", ()) if isinstance(node, yaml.MappingNode)
+                      and _scalar(k) == step), None)
+        if child is None:
+            break
+        node, key = child, _child(key, step)
+    return node, key
 
 
 def _child(key: str, name: object) -> str:

@@ -2,7 +2,8 @@
 
 A field with a default is optional; one without is required. `__post_init__` checks values: a
 ValueError there becomes a PolicyError naming the file and line of the record, or of the field itself
-when the message starts with that field's name ("backend must be one of ...").
+when the message starts with that field's name ("backend must be one of ..."); a `FieldError` names a
+value deeper inside the record by its path (`routes[1].model`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,14 @@ from decoding.constraints.backends import BACKENDS
 from decoding.constraints.bounds import Bounds
 from decoding.errors import ModelLoadError
 from decoding.loading import DTYPE_NAMES, EMBEDDED, resolve_dtype
+
+
+class FieldError(ValueError):
+    """A record's check that blames one value inside it: `path` from the record down (("routes", 1, "model"))."""
+
+    def __init__(self, path: tuple[str | int, ...], message: str) -> None:
+        super().__init__(message)
+        self.path = path
 
 
 def _check_model_path(name: str, spec: str) -> None:
@@ -129,9 +138,10 @@ class Policy:
         if not self.routes:
             raise ValueError("routes is empty: the gateway would serve no model")
         names = [r.model for r in self.routes]
-        duplicate = next((n for n in names if names.count(n) > 1), None)
-        if duplicate is not None:
-            raise ValueError(f"model {duplicate!r} is routed twice")
+        for i, name in enumerate(names):
+            if name in names[:i]:
+                raise FieldError(("routes", i, "model"),
+                                 f"model {name!r} is routed twice (first at routes[{names.index(name)}])")
 
     def route(self, model: str) -> Route | None:
         return next((r for r in self.routes if r.model == model), None)

@@ -62,7 +62,9 @@ def test_a_full_policy_parses_with_types_and_defaults(tmp_path: Path) -> None:
     (("target: embedded", "target: /nonexistent/model.gguf"), 5, "routes[0].local.target",
      "no such model file or directory"),
     (("version: 1", "version: 2"), 1, "version", "version 2 is not supported"),
-    (("  - model: remote-model\n", "  - model: smollm2-135m\n"), 1, "", "routed twice"),
+    # a duplicate route is named at its second `model` line, with where the first one is
+    (("  - model: remote-model\n", "  - model: smollm2-135m\n"), 9, "routes[1].model",
+     "model 'smollm2-135m' is routed twice (first at routes[0])"),
     (("    upstream: {litellm_model: openai/some-model, ", "    upstream: {"), 10, "routes[1].upstream",
      "missing required key 'litellm_model'"),
     (("routes:", "routes: {}\nroutez:"), 2, "routes", "must be a list"),
