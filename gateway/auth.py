@@ -40,6 +40,7 @@ class KeyCheck:
             return
         if not authorization or not authorization.lower().startswith("bearer "):
             raise AuthError("missing API key: send 'Authorization: Bearer <key>'")
-        given = authorization[7:].strip()
-        if not any(hmac.compare_digest(given, k) for k in self.keys):
+        # compared as bytes: a header is decoded as latin-1, and compare_digest refuses non-ASCII str
+        given = authorization[7:].strip().encode("latin-1", "replace")
+        if not any(hmac.compare_digest(given, k.encode()) for k in self.keys):
             raise AuthError("invalid API key")

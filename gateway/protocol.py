@@ -157,14 +157,35 @@ def _unpaired_surrogate(value: Any, loc: tuple[Any, ...] = ()) -> tuple[Any, ...
     return None
 
 
+# deeper than any real request (a tool's schema nested 30 objects deep is ~64 levels of the body); the
+# checks and the grammar compilers behind them walk a body recursively
+MAX_JSON_DEPTH = 64
+
+
+def _depth_exceeds(value: Any, limit: int) -> bool:
+    """Whether arrays and objects nest more than `limit` deep in a parsed JSON value (iteratively)."""
+    level: list[Any] = [value]  # the containers one level down, level by level (the body itself: level 1)
+    for _ in range(limit):
+        level = [c for v in level for c in (v.values() if isinstance(v, dict) else v if isinstance(v, list) else ())
+                 if isinstance(c, (dict, list))]
+        if not level:
+            return False
+    return True
+
+
 def parse_request(body: bytes) -> ChatCompletionRequest:
     """The request in `body`, or a RequestError naming the first field at fault."""
     try:
         raw = json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise RequestError(f"the request body is not valid JSON: {exc}", None, "invalid_json") from exc
+    except RecursionError as exc:  # the decoder's own limit, far past ours
+        raise RequestError(f"the request body nests deeper than {MAX_JSON_DEPTH} levels", None,
+                           "invalid_json") from exc
     if not isinstance(raw, dict):
         raise RequestError("the request body must be a JSON object", None, "invalid_json")
+    if _depth_exceeds(raw, MAX_JSON_DEPTH):
+        raise RequestError(f"the request body nests deeper than {MAX_JSON_DEPTH} levels", None, "invalid_json")
     if _SURROGATE_ESCAPE.search(body) and (where := _unpaired_surrogate(raw)) is not None:
         # a key can hold the surrogate too: named with it escaped, or the error itself could not be sent
         param = _param(where).encode("utf-8", "backslashreplace").decode() or None

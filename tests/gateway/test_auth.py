@@ -27,3 +27,12 @@ def test_dev_mode_accepts_anything_and_no_keys_without_dev_refuses(monkeypatch: 
     dev.check("Bearer whatever")
     with pytest.raises(NoKeysError, match="DRAFTGATE_API_KEYS"):
         KeyCheck.from_policy(Auth())
+
+
+def test_a_non_ascii_key_is_refused_or_matched_not_an_error() -> None:
+    """Headers arrive decoded as latin-1; compare_digest refuses non-ASCII str, so keys compare as bytes."""
+    check = KeyCheck.from_policy(Auth(keys=["sk-test", "sk-t\u00e9st"]))
+    for header in ("Bearer sk-t\u00c3\u00a9st-nope", "Bearer \u00ff", "Bearer sk-t\u00e9s"):
+        with pytest.raises(AuthError):
+            check.check(header)
+    check.check("Bearer sk-t\u00c3\u00a9st")  # the UTF-8 bytes of 'sk-t\u00e9st', as latin-1 text

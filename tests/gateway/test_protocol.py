@@ -38,6 +38,9 @@ def test_passthrough_keeps_openai_fields_only() -> None:
 @pytest.mark.parametrize(("body", "code", "param"), [
     (b"{not json", "invalid_json", None),
     (b"[1, 2]", "invalid_json", None),
+    # nesting past the decoder's recursion limit, and past ours
+    (json.dumps(BASE).encode()[:-1] + b', "metadata": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "invalid_json", None),
+    (json.dumps({**BASE, "metadata": {"a": json.loads("[" * 70 + "]" * 70)}}).encode(), "invalid_json", None),
     (json.dumps({"messages": BASE["messages"]}).encode(), "missing_required_parameter", "model"),
     (json.dumps({**BASE, "messages": []}).encode(), "invalid_value", "messages"),
     (json.dumps({**BASE, "temperature": "0.5"}).encode(), "invalid_type", "temperature"),
