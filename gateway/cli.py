@@ -188,6 +188,16 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
 
 
+def _port(text: str) -> int:
+    try:
+        port = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is 0 to 65535, got {port}")
+    return port
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="draftgate", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
@@ -196,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     srv = sub.add_parser("serve", help="serve the OpenAI-compatible API (the policy's routes)")
     srv.add_argument("--policy", default=None, metavar="FILE", help="policy YAML (default: the shipped default.yaml)")
     srv.add_argument("--host", default="127.0.0.1")
-    srv.add_argument("--port", type=int, default=8000)
+    srv.add_argument("--port", type=_port, default=8000, help="0: any free port (the banner says which)")
     srv.set_defaults(func=_serve)
 
     gen = sub.add_parser("generate", help="generate a chat reply on a local model")

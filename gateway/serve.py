@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import socket
 import sys
@@ -15,7 +16,13 @@ log = logging.getLogger(__name__)
 
 
 class PortInUseError(OSError):
-    """The address to serve on is taken: said before the models load, not after."""
+    """The address to serve on cannot be bound (taken, or no such host): said before the models load."""
+
+
+def url_host(host: str) -> str:
+    """The host as a URL writes it: a wildcard as loopback, an IPv6 address in brackets."""
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    return f"[{shown}]" if ":" in shown else shown
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -25,9 +32,9 @@ def check_port_free(host: str, port: int) -> None:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host, port))
-        except OSError as exc:
-            raise PortInUseError(f"cannot serve on {host}:{port}: {exc.strerror or exc} "
-                                 "(another draftgate running? pick another with --port)") from exc
+        except OSError as exc:  # socket.gaierror (an unknown host) is an OSError too
+            hint = " (another draftgate running? pick another with --port)" if exc.errno == errno.EADDRINUSE else ""
+            raise PortInUseError(f"cannot serve on {host}:{port}: {exc.strerror or exc}{hint}") from exc
 
 
 def serve(policy_path: str | None, host: str, port: int) -> int:
@@ -39,7 +46,7 @@ def serve(policy_path: str | None, host: str, port: int) -> int:
     state = GatewayState.build(policy)
     if state.keys.dev:
         print("draftgate: dev mode: no API key configured, any key is accepted", file=sys.stderr)
-    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    shown = url_host(host)
     config = uvicorn.Config(create_app(policy, state), host=host, port=port, workers=1, log_level="warning",
                             timeout_graceful_shutdown=5)
     server = uvicorn.Server(config)
@@ -50,8 +57,10 @@ def serve(policy_path: str | None, host: str, port: int) -> int:
         await original_startup(sockets)  # type: ignore[arg-type]
         if server.started:
             models = ", ".join(r.model for r in policy.routes)
-            print(f"draftgate: serving {models} at http://{shown}:{port}/v1  (OpenAI base URL; "
-                  f"try: curl http://{shown}:{port}/v1/models)", file=sys.stderr, flush=True)
+            bound = [s.getsockname()[1] for srv in server.servers for s in (srv.sockets or ())]
+            actual = bound[0] if bound else port  # --port 0: the port the system chose
+            print(f"draftgate: serving {models} at http://{shown}:{actual}/v1  (OpenAI base URL; "
+                  f"try: curl http://{shown}:{actual}/v1/models)", file=sys.stderr, flush=True)
 
     server.startup = startup  # type: ignore[method-assign]
     server.run()

@@ -5,7 +5,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TOKENIZERS_PARALLELISM=false
-if [ $# -eq 0 ] || [[ "$1" == -* && "$1" != "-h" && "$1" != "--help" && "$1" != "-v" ]]; then
-  set -- serve "$@"  # no command, or options only (`scripts/run.sh --port 8001`): they are serve's
+# draftgate's own -v/--verbose comes first; then no command, or options only (`scripts/run.sh -v --port
+# 8001`), means serve with those options
+global=()
+while [ $# -gt 0 ] && [[ "$1" == "-v" || "$1" == "--verbose" ]]; do global+=("$1"); shift; done
+if [ $# -eq 0 ] || [[ "$1" == -* && "$1" != "-h" && "$1" != "--help" ]]; then
+  set -- serve "$@"
 fi
-exec .venv/bin/draftgate "$@"
+exec .venv/bin/draftgate "${global[@]}" "$@"

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 
 
@@ -34,6 +35,36 @@ def test_serving_on_a_taken_port_fails_before_loading_the_model() -> None:
     assert proc.returncode == 2
     assert f"cannot serve on 127.0.0.1:{port}" in proc.stderr and "in use" in proc.stderr
     assert "loading" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--port", "99999"), "a port is 0 to 65535, got 99999"),
+    (("--port", "-1"), "a port is 0 to 65535, got -1"),
+    (("--port", "http"), "not a port number: 'http'"),
+    # an unknown host is not a taken port: no hint about another draftgate
+    (("--host", "no.such.host.invalid", "--port", "8000"), "cannot serve on no.such.host.invalid:8000"),
+])
+def test_serve_refuses_an_address_it_cannot_bind(args: tuple[str, ...], message: str) -> None:
+    proc = _draftgate("serve", *args, timeout=60)
+    assert proc.returncode == 2 and message in proc.stderr
+    assert "Traceback" not in proc.stderr and "another draftgate" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_serve_on_port_zero_says_the_port_it_got() -> None:
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen([sys.executable, "-m", "gateway.cli", "serve", "--port", "0"], cwd=root,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None
+        banner = next(line for line in proc.stderr if "serving" in line or "rror" in line)
+        url = banner.split(" at ", 1)[1].split()[0]  # http://127.0.0.1:<port>/v1
+        assert not url.endswith(":0/v1"), banner
+        models = httpx.get(f"{url}/models", timeout=30).json()
+        assert models["data"][0]["id"] == "smollm2-135m"
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 @pytest.mark.slow
