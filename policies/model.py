@@ -8,6 +8,7 @@ value deeper inside the record by its path (`routes[1].model`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -53,8 +54,8 @@ class Constraints:
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {', '.join(BACKENDS)}, got {self.backend!r}")
-        if self.compile_timeout_s <= 0:
-            raise ValueError(f"compile_timeout_s must be > 0, got {self.compile_timeout_s}")
+        if not 0 < self.compile_timeout_s < math.inf:  # nan compares false: refused too
+            raise ValueError(f"compile_timeout_s must be a finite number > 0, got {self.compile_timeout_s}")
 
 
 @dataclass(frozen=True)
@@ -67,9 +68,11 @@ class LocalRoute:
     constraints: Constraints = field(default_factory=Constraints)
 
     def __post_init__(self) -> None:
-        unknown = [d for d in self.drafters if d not in DRAFTER_NAMES]
-        if unknown:
-            raise ValueError(f"drafters lists an unknown drafter {unknown[0]!r} (known: {', '.join(DRAFTER_NAMES)})")
+        for i, name in enumerate(self.drafters):
+            if name not in DRAFTER_NAMES:
+                raise FieldError(("drafters", i), f"unknown drafter {name!r} (known: {', '.join(DRAFTER_NAMES)})")
+            if name in self.drafters[:i]:
+                raise FieldError(("drafters", i), f"drafter {name!r} is listed twice")
         try:
             resolve_dtype(self.dtype)
         except ModelLoadError as exc:
@@ -95,6 +98,8 @@ class Route:
     upstream: UpstreamRoute | None = None
 
     def __post_init__(self) -> None:
+        if not self.model.strip():
+            raise ValueError("model must be a non-empty name (what requests put in 'model')")
         if (self.local is None) == (self.upstream is None):
             raise ValueError(f"route {self.model!r} needs exactly one of 'local' or 'upstream'")
 
@@ -108,8 +113,8 @@ class Server:
     def __post_init__(self) -> None:
         if self.max_queue < 1:
             raise ValueError(f"max_queue must be >= 1, got {self.max_queue}")
-        if self.request_timeout_s <= 0:
-            raise ValueError(f"request_timeout_s must be > 0, got {self.request_timeout_s}")
+        if not 0 < self.request_timeout_s < math.inf:  # nan compares false: refused too
+            raise ValueError(f"request_timeout_s must be a finite number > 0, got {self.request_timeout_s}")
         if self.max_body_bytes < 1:
             raise ValueError(f"max_body_bytes must be >= 1, got {self.max_body_bytes}")
 
