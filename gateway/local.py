@@ -15,6 +15,7 @@ import queue
 import threading
 import time
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from decoding.chat_engine import ChatEngine, ChatRequest, PreparedChat
@@ -64,6 +65,12 @@ class Job:
         self.loop.call_soon_threadsafe(self.events.put_nowait, item)
 
 
+# threads that prepare a route's requests: their own, so that requests waiting on schema compiles (a
+# child process each, up to a minute) never hold the threads everything else runs on; a plain request's
+# preparation (a chat template) takes milliseconds
+PREPARE_THREADS = 16
+
+
 class LocalModel:
     """One route's `ChatEngine`, its queue and its worker."""
 
@@ -75,13 +82,14 @@ class LocalModel:
         self._recent_s = 5.0  # a running estimate of one request's service time, for Retry-After
         self._worker = threading.Thread(target=self._work, name=f"engine-{name}", daemon=True)
         self._worker.start()
+        self._preparers = ThreadPoolExecutor(PREPARE_THREADS, thread_name_prefix=f"prepare-{name}")
 
     @property
     def queued(self) -> int:
         return self._queue.qsize()
 
     async def prepare(self, request: ChatRequest) -> PreparedChat:
-        return await asyncio.to_thread(self.chat.prepare, request)
+        return await asyncio.get_running_loop().run_in_executor(self._preparers, self.chat.prepare, request)
 
     def submit(self, prepared: PreparedChat) -> Job:
         job = Job(prepared, asyncio.get_running_loop())
@@ -115,6 +123,7 @@ class LocalModel:
 
     def close(self) -> None:
         self._queue.put(None)
+        self._preparers.shutdown(wait=False, cancel_futures=True)
 
     def _work(self) -> None:
         while True:

@@ -1,7 +1,9 @@
 """outlines-core: the JSON schema becomes a regular expression, the regex an index over the vocabulary.
 
 The vocabulary is built once per tokenizer (~0.4 s for 49k tokens); the index once per schema, cached
-by the regex's hash in memory and, given a cache directory, on disk across restarts.
+by the regex's hash in memory and, given a cache directory, on disk across restarts. Compiles of
+different schemas run side by side (at most COMPILE_SLOTS at once); a request for a schema being
+compiled waits for that compile, and one that timed out fails at once for FAILED_RETRY_S.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import logging
 import os
 import pickle
 import threading
+import time
 from collections import OrderedDict
 from importlib import metadata
 from pathlib import Path
@@ -29,6 +32,8 @@ from decoding.tokenizer import Tokenizer
 # compact JSON: no whitespace between tokens, so a small model cannot stall in it until max_tokens
 COMPACT_WHITESPACE = ""
 MASKS_PER_REQUEST = 256  # masks kept by automaton state (48 KB each for a 49k vocabulary)
+COMPILE_SLOTS = 2  # indexes built at once (a child process each, ~300 MB, one core)
+FAILED_RETRY_S = 600.0  # a schema whose compile timed out is refused at once for this long
 log = logging.getLogger(__name__)
 
 
@@ -128,7 +133,10 @@ class OutlinesBackend:
                 self._tokens.setdefault(b, []).append(tid)
         self.vocabulary = outlines_core.Vocabulary(eos_token_id, self._tokens)
         self._cache: dict[str, OutlinesFactory] = {}
-        self._lock = threading.Lock()
+        self._failed: dict[str, tuple[float, CompileTimeoutError]] = {}  # key -> (when, its error)
+        self._lock = threading.Lock()  # guards the dicts only; held for lookups, never for a compile
+        self._compiling: dict[str, threading.Lock] = {}  # one per schema being compiled
+        self._slots = threading.BoundedSemaphore(COMPILE_SLOTS)
 
     def regex_for_schema(self, schema: dict[str, Any]) -> str:
         from outlines_core import json_schema
@@ -142,29 +150,53 @@ class OutlinesBackend:
             raise ConstraintError(f"outlines cannot compile this schema: {exc}") from exc
 
     def compile_regex(self, regex: str) -> OutlinesFactory:
-        import outlines_core
-
         key = hashlib.sha256(regex.encode()).hexdigest()
         with self._lock:
-            if key not in self._cache and (index := self._load(key)) is not None:
-                self._cache[key] = OutlinesFactory(index, self.vocab_size, self.eos_token_id, self.vocab_bytes)
-            if key not in self._cache:
-                try:
-                    if self.compile_timeout_s is None:
-                        index = outlines_core.Index(regex, self.vocabulary)
-                    else:
-                        index = build_index(regex, self.eos_token_id, self._tokens, self.compile_timeout_s)
-                except (ValueError, TypeError) as exc:
-                    raise ConstraintError(f"outlines cannot build an index for this grammar: {exc}") from exc
-                except TimeoutError as exc:
-                    raise CompileTimeoutError(
-                        f"outlines gave up on this schema ({exc}): its automaton grows too large, as string "
-                        "formats (date-time, email, uri) in arrays or many optional fields make it; use the "
-                        "xgrammar backend for it"
-                    ) from exc
+            self._check_cached(key)
+            if key in self._cache:
+                return self._cache[key]
+            compiling = self._compiling.setdefault(key, threading.Lock())
+        with compiling:  # the first request for a schema compiles it; the others wait here, then find it
+            with self._lock:
+                self._check_cached(key)
+                if key in self._cache:
+                    return self._cache[key]
+            index = self._load(key)
+            if index is None:
+                with self._slots:
+                    index = self._build(key, regex)
                 self._store(key, index)
-                self._cache[key] = OutlinesFactory(index, self.vocab_size, self.eos_token_id, self.vocab_bytes)
-            return self._cache[key]
+            factory = OutlinesFactory(index, self.vocab_size, self.eos_token_id, self.vocab_bytes)
+            with self._lock:
+                self._cache[key] = factory
+                self._compiling.pop(key, None)
+            return factory
+
+    def _check_cached(self, key: str) -> None:
+        """Raise the error of a recent compile of this schema that timed out (under the lock)."""
+        failed = self._failed.get(key)
+        if failed is not None and time.monotonic() - failed[0] < FAILED_RETRY_S:
+            raise CompileTimeoutError(str(failed[1]))
+
+    def _build(self, key: str, regex: str) -> Any:
+        import outlines_core
+
+        try:
+            if self.compile_timeout_s is None:
+                return outlines_core.Index(regex, self.vocabulary)
+            return build_index(regex, self.eos_token_id, self._tokens, self.compile_timeout_s)
+        except (ValueError, TypeError) as exc:
+            raise ConstraintError(f"outlines cannot build an index for this grammar: {exc}") from exc
+        except TimeoutError as exc:
+            error = CompileTimeoutError(
+                f"outlines gave up on this schema ({exc}): its automaton grows too large, as a string at the "
+                "top level of a schema, string formats (date-time, email, uri) in arrays or many optional "
+                "fields make it; use the xgrammar backend for it"
+            )
+            with self._lock:
+                self._failed[key] = (time.monotonic(), error)
+                self._compiling.pop(key, None)
+            raise error from exc
 
     def _path(self, key: str) -> Path | None:
         if self.cache_dir is None:
