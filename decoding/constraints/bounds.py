@@ -52,9 +52,36 @@ def _has_type(schema: dict[str, Any], kind: str) -> bool:
     return declared == kind or (isinstance(declared, list) and kind in declared)
 
 
+# what a free value becomes under bounds (then bounded as any other node)
+FREE_VALUE: dict[str, Any] = {"type": ["string", "number", "boolean", "null"]}
+_DECLARED = frozenset({"properties", "patternProperties", "required"})
+
+
+def _is_free(schema: Any) -> bool:
+    return schema is True or schema == {}
+
+
+def _bound_free_values(node: dict[str, Any], bounds: Bounds, backend: str) -> None:
+    def free() -> dict[str, Any]:
+        return bound_schema(FREE_VALUE, bounds, backend)  # (FREE_VALUE has no free values of its own)
+
+    properties = node.get("properties")
+    if isinstance(properties, dict):
+        for name, sub in properties.items():
+            if _is_free(sub):
+                properties[name] = free()
+    if _has_type(node, "array") and "prefixItems" not in node and _is_free(node.get("items", {})):
+        node["items"] = free()
+    if _has_type(node, "object"):
+        absent = "additionalProperties" not in node and not _DECLARED & node.keys()  # JSON Schema: any key
+        if absent or _is_free(node.get("additionalProperties", False)):
+            node["additionalProperties"] = free()
+
+
 def _bound_node(node: dict[str, Any], bounds: Bounds, backend: str) -> None:
     if "enum" in node or "const" in node:
         return
+    _bound_free_values(node, bounds, backend)
     if _has_type(node, "string") and not LENGTH_KEYS & node.keys():
         if node.get("format") in FORMAT_PATTERNS and "pattern" not in node:
             node["pattern"] = FORMAT_PATTERNS[node.pop("format")]

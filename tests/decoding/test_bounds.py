@@ -65,3 +65,26 @@ def test_format_patterns_match_valid_values_and_stay_short(fmt: str, values: lis
         assert re.fullmatch(FORMAT_PATTERNS[fmt].strip("^$"), value), value
         assert checker.conforms(value, fmt)
     assert not re.fullmatch(FORMAT_PATTERNS[fmt].strip("^$"), "a" * 400)
+
+
+@pytest.mark.parametrize("backend", ["outlines", "xgrammar"])
+def test_values_a_schema_leaves_free_are_bounded_scalars(backend: str) -> None:
+    """json_object's {"type": "object"}, additionalProperties true or {}, empty property and item schemas."""
+    bounds = Bounds(string_length=7, properties=3)
+    json_object = bound_schema({"type": "object"}, bounds, backend)
+    assert json_object["maxProperties"] == 3
+    free = json_object["additionalProperties"]
+    assert free["type"] == ["string", "number", "boolean", "null"] and free["maxLength"] == 7
+    schema = {"type": "object", "properties": {"any": {}, "list": {"type": "array"}, "open": {
+        "type": "object", "additionalProperties": True}, "closed": {"type": "object", "properties": {}}},
+        "required": ["any"]}
+    props = bound_schema(schema, bounds, backend)["properties"]
+    assert props["any"] == free and props["list"]["items"] == free and props["open"]["additionalProperties"] == free
+    assert "additionalProperties" not in props["closed"]  # declared properties: not a free object
+    assert "additionalProperties" not in bound_schema(schema, bounds, backend)  # nor is the root
+    # what the bounded schema admits, the caller's admits
+    value = {"any": "abc", "list": [1, None], "open": {"k": True}, "closed": {}}
+    jsonschema.validate(value, bound_schema(schema, bounds, backend))
+    jsonschema.validate(value, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({"any": "x" * 8}, bound_schema(schema, bounds, backend))

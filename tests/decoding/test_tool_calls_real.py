@@ -69,3 +69,22 @@ def test_response_format_json_object_and_schema(embedded_model: LoadedModel) -> 
     typed, _ = chat.complete(ChatRequest(ask, GenerationConfig(max_new_tokens=64), response_format={
         "type": "json_schema", "json_schema": {"name": "cat", "schema": schema, "strict": True}}))
     assert typed.finish_reason == "stop" and set(typed.parsed) == {"name", "age"}
+
+
+def test_bounds_reach_values_a_schema_leaves_free(embedded_model: LoadedModel) -> None:
+    """json_object and a tool with `parameters: {}` leave every value free; under the shipped bounds the
+    model finishes: at most `properties` keys of values of at most `string_length` characters or `digits`
+    digits (unbounded, greedy decoding ran on inside one string or number to any max_tokens)."""
+    chat = ChatEngine(Engine(embedded_model, NgramDrafter()), ConstraintOptions(backend="outlines", bounds=Bounds()))
+    ask = [{"role": "user", "content": "What time is it? Answer as JSON"}]
+    obj, _ = chat.complete(ChatRequest(ask, GenerationConfig(max_new_tokens=400),
+                                       response_format={"type": "json_object"}))
+    assert obj.finish_reason == "stop", obj.content
+    parsed = json.loads(obj.content or "")
+    assert isinstance(parsed, dict) and 1 <= len(parsed) <= Bounds().properties
+    assert all(len(str(v)) <= Bounds().string_length for v in parsed.values())
+    tool = [{"type": "function", "function": {"name": "get_time", "parameters": {}}}]
+    call, result = chat.complete(ChatRequest(ask, GenerationConfig(max_new_tokens=400), tools=tool,
+                                             tool_choice="required"))
+    assert call.finish_reason == "tool_calls", result.text
+    assert call.tool_calls[0].name == "get_time" and isinstance(json.loads(call.tool_calls[0].arguments), dict)
