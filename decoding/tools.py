@@ -175,7 +175,6 @@ def calls_schema(tools: list[Tool], choice: ToolChoice) -> dict[str, Any]:
     by_name = {t.name: t for t in tools}
     for i, name in enumerate(choice.allowed):
         params = copy.deepcopy(by_name[name].parameters)
-        params.setdefault("type", "object")  # arguments are an object, said or not (checked in parse_tools)
         prefix = f"tool{i}"
         for key in ("$defs", "definitions"):
             for def_name, sub in (params.get(key) or {}).items():

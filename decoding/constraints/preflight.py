@@ -13,6 +13,7 @@ from typing import Any
 
 from decoding.constraints.base import ConstraintError, UnsupportedKeywordError
 from decoding.constraints.outlines_maps import COUNT_KEYS, is_map
+from decoding.constraints.refs import check_refs, recursive_refs
 
 # keywords that only annotate: nothing to enforce
 ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema", "$id", "$comment", "deprecated",
@@ -100,11 +101,15 @@ def check_schema(schema: Any) -> None:
 def preflight(schema: Any, backend: str, allow_validate_after: bool = False) -> list[Unsupported]:
     """Raise for keywords the backend does not enforce, unless validating afterwards is allowed."""
     check_schema(schema)
+    check_refs(schema)
     missing = unsupported_keywords(schema, backend)
+    if backend == "outlines":  # it cuts recursion off at a fixed depth (refs.py)
+        missing += [Unsupported(path, "$ref (recursive)") for path in recursive_refs(schema)]
     if missing and not allow_validate_after:
         names = ", ".join(str(m) for m in missing)
-        raise UnsupportedKeywordError(f"the {backend} backend does not enforce {names}; "
-                                      "allow validate-after in the policy, or choose another backend")
+        raise UnsupportedKeywordError(f"the {backend} backend does not enforce {names}; send the schema with "
+                                      '"strict": false to validate the output after generation instead, allow '
+                                      "validate-after in the policy, or choose another backend")
     return missing
 
 

@@ -103,3 +103,39 @@ def test_outlines_counts_the_keys_of_maps_and_only_of_maps() -> None:
                           build)
     plain = {"type": "object", "additionalProperties": {"type": "integer"}}
     assert counted_map_regex(plain, build) == build(json.dumps(plain))  # no counts: outlines' own regex
+
+
+TREE = {"$defs": {"node": {"type": "object", "required": ["v", "kids"], "properties": {
+    "v": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}}}},
+    "$ref": "#/$defs/node"}
+
+
+def test_a_recursive_ref_is_named_for_outlines_and_left_to_xgrammar() -> None:
+    """outlines-core cuts recursion off at a fixed depth and then let `{"v":1,}` through (found by a
+    trial through the gateway); xgrammar's grammar recurses as the schema does."""
+    with pytest.raises(UnsupportedKeywordError, match=r"'\$ref \(recursive\)' at /\$defs/node/properties/kids/items;"
+                                                      r" send the schema with \"strict\": false") as err:
+        preflight(TREE, "outlines")
+    assert "at /;" not in str(err.value) and "at /," not in str(err.value)  # the root's $ref closes no cycle
+    assert preflight(TREE, "xgrammar") == []
+    mutual = {"$defs": {"a": {"type": "object", "properties": {"b": {"$ref": "#/$defs/b"}}},
+                        "b": {"type": "object", "properties": {"a": {"$ref": "#/$defs/a"}}},
+                        "leaf": {"type": "string"}},
+              "type": "object", "properties": {"x": {"$ref": "#/$defs/a"}, "y": {"$ref": "#/$defs/leaf"}}}
+    found = [str(u) for u in preflight(mutual, "outlines", allow_validate_after=True)]
+    assert found == ["'$ref (recursive)' at /$defs/a/properties/b", "'$ref (recursive)' at /$defs/b/properties/a"]
+
+
+@pytest.mark.parametrize(("schema", "message"), [
+    ({"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}},
+     r"\$ref '#/\$defs/missing' at /properties/a points at nothing in the schema"),
+    ({"$ref": "https://example.com/schema.json"}, r"at /: only references inside the schema"),
+    ({"type": "object", "properties": {"a": {"$ref": "#/properties/b~1c"}, "b/c": {"type": "string"}}}, None),
+])
+def test_refs_must_point_inside_the_schema(schema: dict, message: str | None) -> None:
+    for backend in ("outlines", "xgrammar"):
+        if message is None:
+            assert preflight(schema, backend) == []
+        else:
+            with pytest.raises(ConstraintError, match=message):
+                preflight(schema, backend)
