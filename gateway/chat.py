@@ -42,11 +42,11 @@ async def chat_completions(state: GatewayState, req: ChatCompletionRequest, requ
     if route is None:
         raise UnknownModelError(req.model, [r.model for r in state.policy.routes])
     if route.upstream is not None:
-        params = req.passthrough()
+        params, timeout_s = req.passthrough(), state.policy.server.request_timeout_s
         if req.stream:
-            chunks = await upstream.stream(route.upstream, req.model, req.messages, params)
+            chunks = await upstream.stream(route.upstream, req.model, req.messages, params, timeout_s)
             return StreamingResponse(_upstream_frames(chunks), media_type="text/event-stream", headers=SSE_HEADERS)
-        return JSONResponse(await upstream.complete(route.upstream, req.model, req.messages, params))
+        return JSONResponse(await upstream.complete(route.upstream, req.model, req.messages, params, timeout_s))
     assert route.local is not None
     local = state.local[req.model]
     speculative = route.local.speculative.enabled and req.speculative is not False

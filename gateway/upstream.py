@@ -1,9 +1,16 @@
 """Routes served by another provider, through litellm (`openai/<model>` at an `api_base`, a key from
-the environment), streaming and not; the provider's errors come back in draftgate's OpenAI envelope."""
+the environment), streaming and not; the provider's errors come back in draftgate's OpenAI envelope.
+
+One call per request: no retries here (the client's SDK retries, and a 429's Retry-After is passed on),
+bounded by the policy's `server.request_timeout_s` (504 past it). The provider's own message and `param`
+are passed on; its status decides ours: 4xx stays the client's (but 401/403, a gateway's key the
+provider refused, is a 502: the client's own key was fine), 5xx and no answer at all are 502s.
+"""
 
 from __future__ import annotations
 
 import os
+import re
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # never fetch the price list at import
 
@@ -27,24 +34,67 @@ _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permi
           429: "rate_limit_error"}
 
 
-def upstream_error(exc: Exception, model: str) -> UpstreamError:
-    import litellm
+# what litellm puts before a provider's message: "litellm.BadRequestError: OpenAIException - "
+_LITELLM_PREFIX = re.compile(r"^(?:litellm\.\w+: )?(?:\w+Error: )?(?:\w+Exception - )?")
 
-    status = getattr(exc, "status_code", None)
-    if isinstance(exc, litellm.exceptions.APIConnectionError) or not isinstance(status, int):
-        return UpstreamError(ApiError(502, f"upstream for {model!r} is unreachable: {exc}", "server_error",
+
+def _chain(exc: BaseException) -> list[BaseException]:
+    """`exc` and the exceptions it was raised from (litellm wraps the HTTP client's several deep)."""
+    out: list[BaseException] = []
+    node: BaseException | None = exc
+    while node is not None and node not in out and len(out) < 16:
+        out.append(node)
+        node = node.__cause__ or node.__context__
+    return out
+
+
+def upstream_error(exc: Exception, model: str, timeout_s: float | None = None) -> UpstreamError:
+    import httpx
+    import openai
+
+    chain = _chain(exc)
+    if any(isinstance(e, openai.APITimeoutError | httpx.TimeoutException | TimeoutError) for e in chain):
+        return UpstreamError(ApiError(504, f"upstream for {model!r} did not answer within {timeout_s or 0:g} s",
+                                      "timeout_error", "request_timeout"))
+    if any(isinstance(e, openai.APIConnectionError | httpx.TransportError | ConnectionError) for e in chain):
+        cause = chain[-1]
+        return UpstreamError(ApiError(502, f"upstream for {model!r} is unreachable: {cause}", "server_error",
                                       "upstream_unreachable"))
-    if status >= 500:
-        return UpstreamError(ApiError(502, f"upstream for {model!r} failed ({status}): {exc}", "server_error",
+    status = getattr(exc, "status_code", None)
+    body = getattr(exc, "body", None)
+    detail = body if isinstance(body, dict) and isinstance(body.get("message"), str) else {}
+    message = detail.get("message") or _LITELLM_PREFIX.sub("", str(exc), count=1)
+    if isinstance(detail.get("code"), str):
+        message += f" (upstream code {detail['code']!r})"
+    if not isinstance(status, int) or status >= 500:
+        return UpstreamError(ApiError(502, f"upstream for {model!r} failed ({status}): {message}", "server_error",
                                       "upstream_error"))
-    return UpstreamError(ApiError(status, f"upstream for {model!r}: {exc}", _TYPES.get(status, "invalid_request_error"),
-                                  "upstream_" + _TYPES.get(status, "error").removesuffix("_error")))
+    if status in (401, 403):
+        return UpstreamError(ApiError(502, f"upstream for {model!r} refused the gateway's credentials ({status}): "
+                                      f"{message}", "server_error", "upstream_authentication"))
+    headers = getattr(getattr(exc, "response", None), "headers", None) or {}
+    retry_after = headers.get("retry-after")
+    param = detail.get("param") if isinstance(detail.get("param"), str) else None
+    kind = _TYPES.get(status, "invalid_request_error")
+    return UpstreamError(ApiError(status, f"upstream for {model!r}: {message}", kind,
+                                  "upstream_" + _TYPES.get(status, "error").removesuffix("_error"), param,
+                                  {"Retry-After": retry_after} if retry_after else {}))
 
 
-def _call_args(route: UpstreamRoute, messages: list[dict[str, Any]], params: dict[str, Any]) -> dict[str, Any]:
-    args: dict[str, Any] = {"model": route.litellm_model, "messages": messages, **params}
+# sent to an `api_base` when the route names no key variable: OpenAI clients insist on a key, and a
+# local server (vLLM, SGLang, llama.cpp, draftgate) in dev mode takes any
+NO_KEY = "no-key"
+
+
+def _call_args(route: UpstreamRoute, messages: list[dict[str, Any]], params: dict[str, Any],
+               timeout_s: float | None) -> dict[str, Any]:
+    args: dict[str, Any] = {"model": route.litellm_model, "messages": messages, **params, "max_retries": 0}
+    if timeout_s is not None:
+        args["timeout"] = timeout_s
     if route.api_base:
         args["api_base"] = route.api_base
+        if not route.api_key_env:
+            args["api_key"] = NO_KEY
     if route.api_key_env:
         key = os.environ.get(route.api_key_env)
         if not key:
@@ -55,29 +105,29 @@ def _call_args(route: UpstreamRoute, messages: list[dict[str, Any]], params: dic
 
 
 async def complete(route: UpstreamRoute, model: str, messages: list[dict[str, Any]],
-                   params: dict[str, Any]) -> dict[str, Any]:
+                   params: dict[str, Any], timeout_s: float | None = None) -> dict[str, Any]:
     """The provider's `chat.completion`, renamed to the route's model."""
     import litellm
 
     try:
-        response = await litellm.acompletion(**_call_args(route, messages, {**params, "stream": False}))
+        response = await litellm.acompletion(**_call_args(route, messages, {**params, "stream": False}, timeout_s))
     except UpstreamError:
         raise
     except Exception as exc:
-        raise upstream_error(exc, model) from exc
+        raise upstream_error(exc, model, timeout_s) from exc
     body: dict[str, Any] = response.model_dump()
     body["model"] = model
     return body
 
 
 async def stream(route: UpstreamRoute, model: str, messages: list[dict[str, Any]],
-                 params: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+                 params: dict[str, Any], timeout_s: float | None = None) -> AsyncIterator[dict[str, Any]]:
     """The provider's chunks, renamed to the route's model. The first is awaited before this returns
     its iterator, so a refused request is an HTTP error, not a stream that fails."""
     import litellm
 
     try:
-        response = await litellm.acompletion(**_call_args(route, messages, {**params, "stream": True}))
+        response = await litellm.acompletion(**_call_args(route, messages, {**params, "stream": True}, timeout_s))
         iterator = response.__aiter__()
         first = await iterator.__anext__()
     except StopAsyncIteration:
@@ -85,7 +135,7 @@ async def stream(route: UpstreamRoute, model: str, messages: list[dict[str, Any]
     except UpstreamError:
         raise
     except Exception as exc:
-        raise upstream_error(exc, model) from exc
+        raise upstream_error(exc, model, timeout_s) from exc
 
     async def chunks() -> AsyncIterator[dict[str, Any]]:
         pending = first
@@ -98,6 +148,6 @@ async def stream(route: UpstreamRoute, model: str, messages: list[dict[str, Any]
             except StopAsyncIteration:
                 return
             except Exception as exc:
-                raise upstream_error(exc, model) from exc
+                raise upstream_error(exc, model, timeout_s) from exc
 
     return chunks()

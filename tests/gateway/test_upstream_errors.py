@@ -1,0 +1,106 @@
+"""Upstream routes' failures, against a real provider-shaped HTTP server on loopback: one call per
+request (no retries behind the client's back), the provider's message, param and Retry-After passed on,
+no answer within the policy's timeout a 504, a closed port `upstream_unreachable`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
+
+import pytest
+
+from gateway.upstream import NO_KEY, UpstreamError, complete
+from policies.model import UpstreamRoute
+
+ERROR = {"error": {"message": "messages[0] is not a message", "type": "invalid_request_error", "param": "messages",
+                   "code": "bad_message"}}
+STATUS = {"e400": 400, "e401": 401, "e429": 429, "e500": 500}
+OK = {"id": "c1", "object": "chat.completion", "created": 1, "model": "ok",
+      "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
+      "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
+
+
+class Provider(BaseHTTPRequestHandler):
+    calls: ClassVar[list[tuple[str, str | None]]] = []  # (model, authorization) of every request received
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers.get("content-length", 0))))
+        model = body["model"]
+        Provider.calls.append((model, self.headers.get("authorization")))
+        if model == "slow":
+            time.sleep(3)
+        status = STATUS.get(model, 200)
+        data = json.dumps(ERROR if status != 200 else OK).encode()
+        self.send_response(status)
+        self.send_header("content-type", "application/json")
+        self.send_header("content-length", str(len(data)))
+        if status == 429:
+            self.send_header("retry-after", "7")
+        self.end_headers()
+        self.wfile.write(data)
+
+
+@pytest.fixture(scope="module")
+def provider() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Provider)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    server.shutdown()
+
+
+def _ask(base: str, model: str, timeout_s: float | None = None) -> UpstreamError | dict:
+    route = UpstreamRoute(f"openai/{model}", base)
+    Provider.calls.clear()
+    try:
+        return asyncio.run(complete(route, "remote", [{"role": "user", "content": "hi"}], {}, timeout_s))
+    except UpstreamError as exc:
+        return exc
+
+
+def test_a_keyless_route_to_an_api_base_is_answered(provider: str) -> None:
+    body = _ask(provider, "ok")
+    assert isinstance(body, dict) and body["model"] == "remote" and body["choices"][0]["message"]["content"] == "hi"
+    assert Provider.calls == [("ok", f"Bearer {NO_KEY}")]
+
+
+@pytest.mark.parametrize(("model", "status", "code"), [
+    ("e400", 400, "upstream_invalid_request"),
+    ("e429", 429, "upstream_rate_limit"),
+    ("e401", 502, "upstream_authentication"),  # the gateway's key was refused, not the client's
+    ("e500", 502, "upstream_error"),
+])
+def test_a_provider_error_is_passed_on_after_one_call(provider: str, model: str, status: int, code: str) -> None:
+    exc = _ask(provider, model)
+    assert isinstance(exc, UpstreamError)
+    assert exc.error.status == status and exc.error.code == code
+    assert "messages[0] is not a message" in exc.error.message
+    assert "litellm" not in exc.error.message and "Exception" not in exc.error.message
+    assert len(Provider.calls) == 1  # no retries behind the client's back
+    if status == 400:
+        assert exc.error.param == "messages" and "(upstream code 'bad_message')" in exc.error.message
+    if status == 429:
+        assert exc.error.headers == {"Retry-After": "7"}
+
+
+def test_no_answer_within_the_timeout_is_a_504(provider: str) -> None:
+    started = time.perf_counter()
+    exc = _ask(provider, "slow", timeout_s=0.5)
+    assert isinstance(exc, UpstreamError) and exc.error.status == 504 and exc.error.code == "request_timeout"
+    assert time.perf_counter() - started < 2.5  # the provider sleeps 3 s
+
+
+def test_a_closed_port_is_unreachable() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # bound, never listening: connections are refused
+        exc = _ask(f"http://127.0.0.1:{port}/v1", "ok")
+    assert isinstance(exc, UpstreamError) and exc.error.status == 502 and exc.error.code == "upstream_unreachable"
