@@ -22,13 +22,13 @@ from decoding.chat_engine import ChatRequest
 from decoding.generate import GenerationConfig
 from gateway.app import create_app
 from gateway.state import GatewayState
-from policies.loader import load_policy
+from policies.loader import PolicyError, load_policy
 
 
 @dataclass(frozen=True)
 class GatewayBenchOptions:
     policy: str | None = None
-    model: str = "smollm2-135m"
+    model: str | None = None  # None: the policy's first local route
     requests: int = 40
     quick: bool = False
     max_new_tokens: int = 64
@@ -67,15 +67,22 @@ def _ms(xs: list[float]) -> dict[str, float]:
 
 def run_gateway_bench(options: GatewayBenchOptions) -> dict[str, Any]:
     policy = load_policy(options.policy)
+    local = [r.model for r in policy.routes if r.local is not None]
+    model = options.model or (local[0] if local else None)
+    if model not in local:
+        raise PolicyError(options.policy or "the shipped policy", None, "routes",
+                          f"no local route {model!r} to bench (local routes: {', '.join(local) or 'none'})"
+                          if model else "no local route to bench")
     state = GatewayState.build(policy)
-    if options.model not in state.local:
-        raise ValueError(f"{options.model!r} is not a local route of the policy")
-    chat = state.local[options.model].chat
+    chat = state.local[model].chat
     messages = [{"role": "user", "content": "Hi"}]
-    one_token = {"model": options.model, "messages": messages, "max_tokens": 1, "temperature": 0}
+    one_token = {"model": model, "messages": messages, "max_tokens": 1, "temperature": 0}
     direct_config = GenerationConfig(max_new_tokens=1)
-    report: dict[str, Any] = {"model": options.model}
-    with _Server(create_app(policy, state)) as url, httpx.Client(base_url=url, timeout=600) as client:
+    report: dict[str, Any] = {"model": model}
+    # a policy with API keys: the bench's client sends one of them
+    auth = {} if state.keys.dev else {"Authorization": f"Bearer {min(state.keys.keys)}"}
+    with (_Server(create_app(policy, state)) as url,
+          httpx.Client(base_url=url, timeout=600, headers=auth) as client):
         def direct() -> float:
             started = time.perf_counter()
             chat.complete(ChatRequest(messages, direct_config))
@@ -102,7 +109,7 @@ def run_gateway_bench(options: GatewayBenchOptions) -> dict[str, Any]:
         }
         rows = []
         for prompt in load_workload(options.quick):
-            body = {"model": options.model, "messages": prompt.messages, "max_tokens": options.max_new_tokens,
+            body = {"model": model, "messages": prompt.messages, "max_tokens": options.max_new_tokens,
                     "temperature": 0}
             off_s, off = http({**body, "speculative": False})
             on_s, on = http(body)

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from decoding.bench.workload import CATEGORIES, CONSTRAINED
 from decoding.errors import DecodingError, InvalidRequestError
 from gateway.auth import NoKeysError
 from policies.loader import PolicyError
@@ -91,9 +92,25 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+class UsageError(Exception):
+    """Arguments that cannot work, found before any long work starts."""
+
+
+def _check_writable(path: str | None) -> None:
+    """A results file must be writable before a run of minutes, not found unwritable after it."""
+    if path is None:
+        return
+    parent = Path(path).expanduser().resolve().parent
+    if not parent.is_dir():
+        raise UsageError(f"cannot write {path}: no directory {parent}")
+    if not os.access(parent, os.W_OK) or (Path(path).exists() and not os.access(path, os.W_OK)):
+        raise UsageError(f"cannot write {path}: permission denied")
+
+
 def _bench(args: argparse.Namespace) -> int:
     from decoding.bench.runner import BenchOptions, run_bench
 
+    _check_writable(args.json)
     if args.gateway:
         return _bench_gateway(args)
     options = BenchOptions(
@@ -118,8 +135,8 @@ def _bench(args: argparse.Namespace) -> int:
 def _bench_gateway(args: argparse.Namespace) -> int:
     from gateway.bench import GatewayBenchOptions, run_gateway_bench, table
 
-    options = GatewayBenchOptions(policy=args.policy, quick=args.quick, max_new_tokens=args.max_tokens or 64,
-                                  requests=args.requests)
+    options = GatewayBenchOptions(policy=args.policy, model=args.model, quick=args.quick,
+                                  max_new_tokens=args.max_tokens or 64, requests=args.requests)
     report = run_gateway_bench(options)
     print(table(report))
     if args.json:
@@ -188,6 +205,16 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
 
 
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
 def _port(text: str) -> int:
     try:
         port = int(text)
@@ -242,7 +269,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true", help="a subset: two prompts per category, 64 tokens each")
     bench.add_argument("--json", default=None, metavar="FILE", help="write the results as JSON")
     bench.add_argument("--max-tokens", type=int, default=None, help="new tokens per prompt (default 128)")
-    bench.add_argument("--category", action="append", default=None, help="only these categories")
+    bench.add_argument("--category", action="append", default=None, choices=[*CATEGORIES, CONSTRAINED],
+                       help="only these categories (repeat the option for several)")
     bench.add_argument("--temperature", type=float, default=0.0)
     bench.add_argument("--dtype", default="auto")
     bench.add_argument("--draft", default=None,
@@ -252,7 +280,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--gateway", action="store_true",
                        help="bench the HTTP gateway instead: its overhead, and speculation on vs off through the API")
     bench.add_argument("--policy", default=None, metavar="FILE", help="policy for --gateway (default: the shipped one)")
-    bench.add_argument("--requests", type=int, default=40, help="one-token requests for the --gateway overhead")
+    bench.add_argument("--requests", type=_positive, default=40, help="one-token requests for the --gateway overhead")
+    bench.add_argument("--model", default=None,
+                       help="the local route --gateway benches (default: the policy's first local route)")
     bench.set_defaults(func=_bench)
 
     dist = sub.add_parser("distill", help="train a draft head for a target from the target's own generations")
@@ -304,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
     except DecodingError as exc:
         print(f"draftgate: error [{exc.code}]: {exc}", file=sys.stderr)
         return 2
-    except (PolicyError, NoKeysError) as exc:
+    except (PolicyError, NoKeysError, UsageError) as exc:
         print(f"draftgate: error: {exc}", file=sys.stderr)
         return 2
 

@@ -50,6 +50,23 @@ def test_serve_refuses_an_address_it_cannot_bind(args: tuple[str, ...], message:
     assert "Traceback" not in proc.stderr and "another draftgate" not in proc.stderr
 
 
+@pytest.mark.parametrize(("args", "message"), [
+    (("--quick", "--category", "foo"), "invalid choice: 'foo' (choose from 'tool', 'copy', 'summary', 'chat', "
+                                       "'constrained')"),
+    (("--gateway", "--requests", "0"), "--requests: must be at least 1, got 0"),
+    (("--quick", "--json", "/nonexistent/dir/x.json"), "cannot write /nonexistent/dir/x.json: no directory"),
+    (("--gateway", "--policy", "{upstream_only}"), "routes: no local route to bench"),
+    (("--gateway", "--model", "nope"), "no local route 'nope' to bench (local routes: smollm2-135m)"),
+])
+def test_bench_refuses_what_cannot_work_before_running(tmp_path: Path, args: tuple[str, ...], message: str) -> None:
+    upstream_only = tmp_path / "upstream.yaml"
+    upstream_only.write_text("version: 1\nroutes:\n  - model: up\n    upstream: {litellm_model: openai/x, "
+                             "api_base: 'http://127.0.0.1:9/v1'}\n")
+    proc = _draftgate("bench", *(a.format(upstream_only=upstream_only) for a in args), timeout=120)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr and "loading" not in proc.stderr
+
+
 @pytest.mark.slow
 def test_serve_on_port_zero_says_the_port_it_got() -> None:
     root = Path(__file__).resolve().parents[2]
