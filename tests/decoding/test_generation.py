@@ -84,8 +84,12 @@ def test_empty_prompt_starts_from_bos(tiny_model: TinyFactory) -> None:
 
 def test_context_length_and_bad_parameters_are_clear_errors(tiny_model: TinyFactory) -> None:
     engine = Engine(tiny_model(vocab_size=16))
-    with pytest.raises(ContextLengthError, match="exceeds the context of 256"):
+    with pytest.raises(ContextLengthError, match="max_tokens 100 exceeds the context of 256: at most 56 new") as err:
         engine.complete([0] * 200, GenerationConfig(max_new_tokens=100))
+    assert err.value.param == "max_tokens"  # the prompt fits: the limit asked for is at fault
+    with pytest.raises(ContextLengthError, match="the prompt is 256 tokens: the context of 256 leaves no room") as err:
+        engine.complete([0] * 256, GenerationConfig(max_new_tokens=1))
+    assert err.value.param == "messages"
     with pytest.raises(InvalidRequestError):
         GenerationConfig(max_new_tokens=-1)
     with pytest.raises(InvalidRequestError):

@@ -44,7 +44,10 @@ def envelope(response: httpx.Response) -> dict[str, Any]:
     ({**OK, "model": "gpt-9"}, 404, "model_not_found", "model"),
     ({**OK, "seed": 2**64, "temperature": 1}, 400, "invalid_value", "seed"),
     ({**OK, "stop": ["END", ""]}, 400, "invalid_value", "stop"),
-    ({**OK, "messages": [{"role": "user", "content": "word " * 9000}]}, 400, "context_length_exceeded", None),
+    ({**OK, "messages": [{"role": "user", "content": "word " * 9000}]}, 400, "context_length_exceeded", "messages"),
+    ({k: v for k, v in OK.items() if k != "max_tokens"} | {"messages": [{"role": "user", "content": "word " * 9000}]},
+     400, "context_length_exceeded", "messages"),  # no max_tokens: still the prompt's fault, not 1 new token's
+    ({**OK, "max_tokens": 1_000_000_000}, 400, "context_length_exceeded", "max_tokens"),
     ({**OK, "tools": [{"type": "function", "function": {"name": "bad name!", "parameters": {}}}]}, 400,
      "invalid_tools", None),
     ({**OK, "response_format": {"type": "json_schema", "json_schema": {"name": "p", "strict": True, "schema": {
