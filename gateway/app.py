@@ -16,10 +16,10 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway.chat import ClientGone, chat_completions
-from gateway.errors import ApiError, BodyTooLargeError, to_api_error
+from gateway.errors import ApiError, BodyTooLargeError, UnknownModelError, to_api_error
 from gateway.protocol import parse_request
 from gateway.state import GatewayState
-from policies.model import Policy
+from policies.model import Policy, Route
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,9 @@ def create_app(policy: Policy, state: GatewayState | None = None) -> FastAPI:
         yield
         gateway.close()
 
-    app = FastAPI(title="draftgate", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None)
+    # no docs or schema endpoints: everything served is the OpenAI API (behind its keys) and /health
+    app = FastAPI(title="draftgate", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,
+                  openapi_url=None)
     app.state.gateway = gateway
 
     @app.exception_handler(StarletteHTTPException)
@@ -72,19 +74,31 @@ def create_app(policy: Policy, state: GatewayState | None = None) -> FastAPI:
             raise BodyTooLargeError(len(body), limit)
         return await chat_completions(gateway, parse_request(body), request)
 
+    def model_card(route: Route) -> dict[str, Any]:
+        return {"id": route.model, "object": "model", "created": gateway.started,
+                "owned_by": "draftgate" if route.local is not None else "upstream"}
+
     @app.get("/v1/models")
     async def models(request: Request) -> Response:
         try:
             gateway.keys.check(request.headers.get("authorization"))
         except Exception as exc:
             return failure(exc)
-        return JSONResponse({"object": "list", "data": [
-            {"id": r.model, "object": "model", "created": gateway.started,
-             "owned_by": "draftgate" if r.local is not None else "upstream"}
-            for r in gateway.policy.routes]})
+        return JSONResponse({"object": "list", "data": [model_card(r) for r in gateway.policy.routes]})
 
-    @app.get("/health")
-    @app.get("/healthz")
+    @app.get("/v1/models/{model:path}")  # :path: a model id may hold slashes ("org/name")
+    async def model(request: Request, model: str) -> Response:
+        try:
+            gateway.keys.check(request.headers.get("authorization"))
+            route = gateway.policy.route(model)
+            if route is None:
+                raise UnknownModelError(model, [r.model for r in gateway.policy.routes])
+        except Exception as exc:
+            return failure(exc)
+        return JSONResponse(model_card(route))
+
+    @app.api_route("/health", methods=["GET", "HEAD"])
+    @app.api_route("/healthz", methods=["GET", "HEAD"])
     async def health() -> dict[str, Any]:
         return {"status": "ok", "models": {
             r.model: ({"route": "local", "queued": gateway.local[r.model].queued} if r.local is not None

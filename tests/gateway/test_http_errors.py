@@ -98,10 +98,21 @@ def test_keys_are_required_and_checked(gateway_url: str) -> None:
     assert models["object"] == "list" and {m["id"] for m in models["data"]} == {"smollm2-135m", "remote-smollm"}
 
 
+def test_one_model_is_retrieved_by_id(gateway_url: str) -> None:
+    """What the OpenAI SDK's `client.models.retrieve()` asks for."""
+    one = httpx.get(f"{gateway_url}/models/smollm2-135m", headers=AUTH, timeout=10)
+    assert one.status_code == 200 and one.json()["id"] == "smollm2-135m" and one.json()["object"] == "model"
+    missing = httpx.get(f"{gateway_url}/models/org/gpt-9", headers=AUTH, timeout=10)
+    assert missing.status_code == 404 and envelope(missing)["code"] == "model_not_found"
+    assert httpx.get(f"{gateway_url}/models/smollm2-135m", timeout=10).status_code == 401
+
+
 def test_health_and_unknown_paths(gateway_url: str) -> None:
     root = gateway_url.removesuffix("/v1")
     health = httpx.get(f"{root}/health", timeout=10).json()
     assert health["status"] == "ok" and health["models"]["smollm2-135m"]["route"] == "local"
+    assert httpx.head(f"{root}/health", timeout=10).status_code == 200  # load balancers' probes
+    assert httpx.get(f"{root}/openapi.json", timeout=10).status_code == 404  # nothing served outside the API
     missing = httpx.get(f"{root}/v1/nothing-here", timeout=10)
     assert missing.status_code == 404 and envelope(missing)["code"] == "not_found"
 
