@@ -122,7 +122,7 @@ async def _local_frames(local: LocalModel, job: Job, writer: ChunkWriter, tools:
                                           draftgate_stats(result, speculative, item.queued_s)):
                     yield frame
                 yield DONE
-    except Exception as exc:  # headers are sent: the error goes in the stream (CONVENTIONS.md B1)
+    except Exception as exc:  # headers are sent: the error goes in the stream
         yield sse(to_api_error(exc).body())
 
 

@@ -1,7 +1,7 @@
 """Every error draftgate raises on purpose, as an OpenAI error envelope with the right HTTP status.
 
 `{"error": {"message", "type", "param", "code"}}`, with the status deciding the client's exception
-class (CONVENTIONS.md B1): 400 for a request at fault (not retried), 404 for an unknown model, 422 for
+class: 400 for a request at fault (not retried), 404 for an unknown model, 422 for
 an output that failed its own check, 5xx for the server. The HTTP layer calls `error_response` and
 nothing else, so no error leaves as a bare 500 with a traceback.
 """

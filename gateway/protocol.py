@@ -1,4 +1,4 @@
-"""The Chat Completions request, parsed and checked before anything is routed (CONVENTIONS.md B1).
+"""The Chat Completions request, parsed and checked before anything is routed.
 
 Types are checked strictly (a string where a number belongs is a 400 naming the field), unknown fields
 are refused, and fields draftgate cannot honour (`n` > 1, `logprobs`, penalties, `logit_bias`, audio,

@@ -1,4 +1,4 @@
-"""Agent frameworks pointed at the gateway (CONVENTIONS.md B3), and a route through litellm to another
+"""Agent frameworks pointed at the gateway, and a route through litellm to another
 real draftgate server."""
 
 from __future__ import annotations
