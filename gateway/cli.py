@@ -97,7 +97,7 @@ class UsageError(Exception):
 
 
 def _check_writable(path: str | None) -> None:
-    """A results file must be writable before a run of minutes, not found unwritable after it."""
+    """A file written at the end of a run of minutes must be writable before it starts."""
     if path is None:
         return
     parent = Path(path).expanduser().resolve().parent
@@ -151,9 +151,16 @@ def _distill(args: argparse.Namespace) -> int:
     from decoding.distill.data import DataConfig
     from decoding.distill.run import distill
     from decoding.distill.train import TrainConfig
-    from decoding.draft_head import default_feature_layers
+    from decoding.draft_head import default_feature_layers, read_metadata
     from decoding.loading import load_model
 
+    for head in args.evaluate or ():  # checked before the minutes of work that come first
+        if not Path(head).is_file():
+            raise UsageError(f"--evaluate {head}: no such file")
+        if read_metadata(Path(head)) is None:
+            raise UsageError(f"--evaluate {head}: not a draftgate draft head")
+    _check_writable(args.out)
+    _check_writable(args.data)  # read if there, else built and written there
     target = load_model(args.model, args.dtype)
     if args.evaluate:
         return _evaluate_heads(target, [Path(p) for p in args.evaluate])

@@ -67,6 +67,19 @@ def test_bench_refuses_what_cannot_work_before_running(tmp_path: Path, args: tup
     assert "Traceback" not in proc.stderr and "loading" not in proc.stderr
 
 
+@pytest.mark.parametrize(("args", "message"), [
+    (("--evaluate", "/nonexistent.safetensors"), "--evaluate /nonexistent.safetensors: no such file"),
+    (("--evaluate", "{not_a_head}"), "not a draftgate draft head"),
+    (("--out", "/nonexistent/dir/head.safetensors"), "cannot write /nonexistent/dir/head.safetensors: no directory"),
+])
+def test_distill_refuses_what_cannot_work_before_running(tmp_path: Path, args: tuple[str, ...], message: str) -> None:
+    not_a_head = tmp_path / "notes.safetensors"
+    not_a_head.write_text("hello")
+    proc = _draftgate("distill", *(a.format(not_a_head=not_a_head) for a in args), timeout=120)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
 @pytest.mark.slow
 def test_serve_on_port_zero_says_the_port_it_got() -> None:
     root = Path(__file__).resolve().parents[2]
