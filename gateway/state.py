@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -37,6 +38,10 @@ class GatewayState:
     def build(cls, policy: Policy) -> GatewayState:
         state = cls(policy, KeyCheck.from_policy(policy.auth))
         for route in policy.routes:
+            upstream = route.upstream
+            if upstream is not None and upstream.api_key_env and not os.environ.get(upstream.api_key_env):
+                log.warning("route %s: $%s is not set; its requests will be refused (503 upstream_key_missing) "
+                            "until it is", route.model, upstream.api_key_env)
             if route.local is not None:
                 started = time.perf_counter()
                 state.local[route.model] = local_model(route.model, route.local, policy)

@@ -90,6 +90,26 @@ class UpstreamRoute:
     api_base: str | None = None
     api_key_env: str | None = None
 
+    def __post_init__(self) -> None:
+        if "/" not in self.litellm_model and not _litellm_knows(self.litellm_model):
+            raise ValueError(f"litellm_model {self.litellm_model!r} names no provider: write it as provider/model "
+                             "(openai/<model> for any OpenAI-compatible server at api_base)")
+
+
+def _litellm_knows(model: str) -> bool:
+    """Whether litellm resolves a bare model name (gpt-4o-mini) to a provider; imported only for those."""
+    import os
+
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # never fetch the price list at import
+    import litellm
+
+    litellm.suppress_debug_info = True
+    try:
+        litellm.get_llm_provider(model)
+    except Exception:  # litellm.BadRequestError: "LLM Provider NOT provided"
+        return False
+    return True
+
 
 @dataclass(frozen=True)
 class Route:

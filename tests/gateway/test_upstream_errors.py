@@ -15,7 +15,9 @@ from typing import ClassVar
 
 import pytest
 
+from gateway.state import GatewayState
 from gateway.upstream import NO_KEY, UpstreamError, complete
+from policies.loader import parse_policy
 from policies.model import UpstreamRoute
 
 ERROR = {"error": {"message": "messages[0] is not a message", "type": "invalid_request_error", "param": "messages",
@@ -104,3 +106,14 @@ def test_a_closed_port_is_unreachable() -> None:
         port = probe.getsockname()[1]  # bound, never listening: connections are refused
         exc = _ask(f"http://127.0.0.1:{port}/v1", "ok")
     assert isinstance(exc, UpstreamError) and exc.error.status == 502 and exc.error.code == "upstream_unreachable"
+
+
+def test_an_unset_key_variable_is_said_at_startup(monkeypatch: pytest.MonkeyPatch,
+                                                  caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.delenv("DRAFTGATE_TEST_UNSET_KEY", raising=False)
+    policy = parse_policy("version: 1\nauth: {dev: true}\nroutes:\n  - model: up\n    upstream: {litellm_model: "
+                          "openai/x, api_base: 'http://127.0.0.1:9/v1', api_key_env: DRAFTGATE_TEST_UNSET_KEY}\n",
+                          "up.yaml")
+    with caplog.at_level("WARNING"):
+        GatewayState.build(policy).close()
+    assert "route up: $DRAFTGATE_TEST_UNSET_KEY is not set" in caplog.text

@@ -73,6 +73,8 @@ def test_a_full_policy_parses_with_types_and_defaults(tmp_path: Path) -> None:
     (("    upstream: {litellm_model: openai/some-model, ", "    upstream: {"), 10, "routes[1].upstream",
      "missing required key 'litellm_model'"),
     (("routes:", "routes: {}\nroutez:"), 2, "routes", "must be a list"),
+    (("litellm_model: openai/some-model", "litellm_model: some-model"), 10, "routes[1].upstream.litellm_model",
+     "litellm_model 'some-model' names no provider: write it as provider/model"),
 ])
 def test_mistakes_name_file_line_and_key(tmp_path: Path, edit: tuple[str, str], line: int, key: str,
                                          message: str) -> None:
