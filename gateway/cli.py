@@ -212,6 +212,15 @@ def _serve(args: argparse.Namespace) -> int:
         return 2
 
 
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("draftgate")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        return "(not installed)"
+
+
 def _positive(text: str) -> int:
     try:
         value = int(text)
@@ -235,6 +244,7 @@ def _port(text: str) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="draftgate", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
+    parser.add_argument("--version", action="version", version=f"draftgate {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     srv = sub.add_parser("serve", help="serve the OpenAI-compatible API (the policy's routes)")

@@ -46,6 +46,9 @@ def serve(policy_path: str | None, host: str, port: int) -> int:
     state = GatewayState.build(policy)
     if state.keys.dev:
         print("draftgate: dev mode: no API key configured, any key is accepted", file=sys.stderr)
+        if host not in ("127.0.0.1", "localhost", "::1"):
+            print(f"draftgate: WARNING: serving {host} in dev mode: anyone who can reach this port can use it; "
+                  "set auth.keys in the policy or $DRAFTGATE_API_KEYS", file=sys.stderr)
     shown = url_host(host)
     config = uvicorn.Config(create_app(policy, state), host=host, port=port, workers=1, log_level="warning",
                             timeout_graceful_shutdown=5)

@@ -146,3 +146,11 @@ def test_an_unknown_named_tool_is_a_clear_error(tmp_path: Path) -> None:
     proc = _draftgate("generate", "hi", "--tools", str(tools), "--tool-choice", "send_email")
     assert proc.returncode == 2
     assert "tool_not_found" in proc.stderr and "send_email" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_version_is_the_installed_package_version() -> None:
+    import tomllib
+
+    declared = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"]["version"]
+    proc = _draftgate("--version", timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == f"draftgate {declared}"
