@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,9 @@ from decoding.errors import ModelLoadError
 log = logging.getLogger(__name__)
 
 REPLACEMENT_CHAR = "\ufffd"
+# stands in for the k-th special-token string found inside a message while the template renders:
+# private-use characters around k, which no template changes
+_HIDDEN = re.compile("\ue000(\\d+)\ue001")
 
 
 def cache_root() -> Path:
@@ -55,8 +59,43 @@ class Tokenizer:
         """Token ids of `messages` rendered by the model's chat template, ready for the assistant turn."""
         if not self.hf.chat_template:
             raise ModelLoadError(f"{self.source}: the tokenizer has no chat template")
-        text = self.hf.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=False)
-        return self.encode(str(text))
+        found: list[str] = []  # special-token text inside the messages, in the order hidden
+        specials = self._special_pattern()
+
+        def stand_in(match: re.Match[str]) -> str:
+            found.append(match.group())
+            return f"\ue000{len(found) - 1}\ue001"
+
+        def hide(value: Any) -> Any:
+            if isinstance(value, str):
+                return specials.sub(stand_in, value)
+            if isinstance(value, dict):
+                return {k: hide(v) for k, v in value.items()}
+            if isinstance(value, list):
+                return [hide(v) for v in value]
+            return value
+
+        text = str(self.hf.apply_chat_template(hide(messages), tools=hide(tools), add_generation_prompt=True,
+                                               tokenize=False))
+        if not found:
+            return self.encode(text)
+        # a message holding "<|im_end|>" must not end its own turn: the template's own markers are the
+        # special tokens left in the text; between them, the hidden ones come back as plain text
+        ids: list[int] = []
+        start = 0
+        for marker in [*specials.finditer(text), None]:
+            piece = _HIDDEN.sub(lambda m: found[int(m.group(1))], text[start : marker.start() if marker else None])
+            if piece:
+                ids += self.hf.encode(piece, add_special_tokens=False, split_special_tokens=True)
+            if marker is not None:
+                ids.append(self.hf.convert_tokens_to_ids(marker.group()))
+                start = marker.end()
+        return ids
+
+    def _special_pattern(self) -> re.Pattern[str]:
+        """The special tokens' texts (<|im_start|>, <|im_end|>, ...), longest first."""
+        names = sorted({t.content for t in self.hf.added_tokens_decoder.values() if t.special}, key=len, reverse=True)
+        return re.compile("|".join(map(re.escape, names))) if names else re.compile("(?!)")
 
     def fingerprint(self) -> str:
         """A digest of the vocabulary, equal for tokenizers that map text to the same ids."""
