@@ -107,20 +107,22 @@ class Generation:
             for new in steps:
                 if self._first_token_at is None:
                     self._first_token_at = time.perf_counter()
-                for i, token in enumerate(new):
+                # token by token, as target-only decoding sees them: a pass's tokens past an end of turn
+                # or past the token that completes a stop sequence are neither text nor usage
+                for token in new:
+                    self.token_ids.append(token)
                     if token in eos:
-                        new = new[: i + 1]
                         self.finish_reason = "stop"
+                    else:
+                        self.text += detok.push([token])
+                    if self.finish_reason is not None or len(self.token_ids) >= self.config.max_new_tokens:
+                        self.finish_reason = self.finish_reason or "length"
+                        self.text += detok.flush()
+                    cut = stops.find(self.text, emitted_chars)
+                    if cut is not None:
+                        self.text, self.finish_reason = self.text[:cut], "stop"
+                    if self.finish_reason is not None:
                         break
-                self.token_ids.extend(new)
-                visible = [t for t in new if t not in eos]
-                self.text += detok.push(visible)
-                if self.finish_reason is not None or len(self.token_ids) >= self.config.max_new_tokens:
-                    self.finish_reason = self.finish_reason or "length"
-                    self.text += detok.flush()
-                cut = stops.find(self.text, emitted_chars)
-                if cut is not None:
-                    self.text, self.finish_reason = self.text[:cut], "stop"
                 safe = len(self.text) if self.finish_reason else stops.safe_length(self.text)
                 if safe > emitted_chars:
                     yield self.text[emitted_chars:safe]

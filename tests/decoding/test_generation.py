@@ -45,6 +45,25 @@ def test_stop_sequence_cuts_the_text_and_is_never_streamed(tiny_real_vocab: Load
     assert result.completion_tokens < 40
 
 
+def test_a_stop_sequence_ends_usage_where_target_only_decoding_does(tiny_real_vocab: LoadedModel) -> None:
+    """A speculative pass emits several tokens at once; those past the one that completes the stop are
+    not counted (a trial through the gateway saw completion_tokens 32 with speculation, 31 without)."""
+    from decoding.drafters import DraftModelDrafter
+
+    plain = Engine(tiny_real_vocab)
+    # the target as its own draft: every draft accepted, so each pass emits up to 9 tokens
+    speculative = Engine(tiny_real_vocab, DraftModelDrafter(tiny_real_vocab.model))
+    free = plain.complete(PROMPT, GenerationConfig(max_new_tokens=40, ignore_eos=True))
+    cases = 0
+    for k in range(2, len(free.text) - 2, 3):
+        config = GenerationConfig(max_new_tokens=40, stop=(free.text[k : k + 2],), ignore_eos=True)
+        want = plain.complete(PROMPT, config)
+        got = speculative.complete(PROMPT, config)
+        assert (got.text, got.token_ids, got.finish_reason) == (want.text, want.token_ids, want.finish_reason), k
+        cases += got.stats.verify_passes < len(got.token_ids)  # passes emitted several tokens
+    assert cases > 3
+
+
 def test_eos_ends_generation_and_is_not_in_the_text(tiny_real_vocab: LoadedModel) -> None:
     engine = Engine(tiny_real_vocab)
     free = engine.complete(PROMPT, GenerationConfig(max_new_tokens=20, ignore_eos=True))
