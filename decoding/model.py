@@ -125,9 +125,13 @@ class Attention(nn.Module):
         q = apply_rope(q, cos, sin)
         k = apply_rope(k, cos, sin)
         k, v = self.kv_cache.update(start, k, v, start + t)  # (1, nkv, start+T, hd)
-        # a single query attends to every cached position: no mask needed
+        # a single query attends to every cached position: no mask needed; several queries without a
+        # mask are a prompt from position 0, causal (the kernel's own causal path: no (T, T) mask, which
+        # made an 8k-token prompt take 80 s)
+        causal = mask is None and t > 1
+        assert not causal or start == 0, "a multi-token pass past position 0 needs its mask"
         y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=False, enable_gqa=self.n_kv_heads != self.n_heads
+            q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=self.n_kv_heads != self.n_heads
         )  # (1, nh, T, hd)
         return self.wo(y.transpose(1, 2).reshape(1, t, d).to(self.wo.weight.dtype))
 
@@ -242,7 +246,7 @@ class Transformer(nn.Module):
             positions = tree.positions(start)  # (T,)
             cos, sin = self.rope_cos[positions], self.rope_sin[positions]  # (T, hd)
             mask = tree.attention_mask(start)  # (T, end)
-        elif t > 1:
+        elif t > 1 and start > 0:  # from position 0 attention is plain causal (Attention.forward)
             # query i (position start + i) may read keys at positions <= start + i
             q_pos = torch.arange(start, end).unsqueeze(1)  # (T, 1)
             k_pos = torch.arange(end).unsqueeze(0)  # (1, end)
