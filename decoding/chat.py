@@ -22,11 +22,16 @@ from decoding.tools import Tool, ToolChoice, render_calls
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
 
-def tools_prompt(tools: list[Tool], choice: ToolChoice) -> str:
+def tools_prompt(tools: list[Tool], choice: ToolChoice, answer_schema: dict[str, Any] | None = None) -> str:
+    """The system prompt's description of the tools. With `answer_schema` (a JSON response_format) the
+    answer besides a call is JSON of that schema, not text: the grammar allows no other."""
     listed = "\n".join(json.dumps(t.to_openai(), ensure_ascii=False) for t in tools if t.name in choice.allowed)
     how_many = "one or more calls" if choice.max_calls is None else "exactly one call"
+    otherwise = ("answer in plain text." if answer_schema is None else
+                 "give your final answer as JSON matching this JSON Schema, and nothing else: "
+                 + json.dumps(answer_schema, ensure_ascii=False, separators=(",", ":")))
     when = ("You must call a function." if choice.mode == "required"
-            else "Call a function when it helps; otherwise answer in plain text.")
+            else f"Call a function when it helps; otherwise {otherwise}")
     return (
         "You can call functions. Their signatures, as JSON Schema, are within <tools></tools>:\n"
         f"<tools>\n{listed}\n</tools>\n"
@@ -52,8 +57,10 @@ def _text(content: Any, where: str, allow_none: bool = False) -> str:
     raise MessageError(f"{where} must be a string or a list of text parts", param=where)
 
 
-def normalize_messages(messages: Any, tools: list[Tool], choice: ToolChoice) -> list[dict[str, str]]:
-    """OpenAI messages -> plain ChatML turns; every error names the message and field."""
+def normalize_messages(messages: Any, tools: list[Tool], choice: ToolChoice,
+                       answer_schema: dict[str, Any] | None = None) -> list[dict[str, str]]:
+    """OpenAI messages -> plain ChatML turns; every error names the message and field. `answer_schema`:
+    a JSON response_format beside the tools (see `tools_prompt`)."""
     if not isinstance(messages, list) or not messages:
         raise MessageError("'messages' must be a non-empty array", param="messages")
     turns: list[dict[str, str]] = []
@@ -98,7 +105,7 @@ def normalize_messages(messages: Any, tools: list[Tool], choice: ToolChoice) -> 
             turns.append({"role": "system" if role == "developer" else role,
                           "content": _text(message.get("content"), f"{where}.content")})
     if tools and choice.mode != "none":
-        described = tools_prompt(tools, choice)
+        described = tools_prompt(tools, choice, answer_schema)
         if turns[0]["role"] == "system":
             turns[0]["content"] += "\n\n" + described
         else:
@@ -106,6 +113,7 @@ def normalize_messages(messages: Any, tools: list[Tool], choice: ToolChoice) -> 
     return turns
 
 
-def render_prompt(tokenizer: Tokenizer, messages: Any, tools: list[Tool], choice: ToolChoice) -> list[int]:
+def render_prompt(tokenizer: Tokenizer, messages: Any, tools: list[Tool], choice: ToolChoice,
+                  answer_schema: dict[str, Any] | None = None) -> list[int]:
     """Token ids of the conversation, ending where the assistant's reply begins."""
-    return tokenizer.apply_chat_template(normalize_messages(messages, tools, choice))
+    return tokenizer.apply_chat_template(normalize_messages(messages, tools, choice, answer_schema))

@@ -86,3 +86,16 @@ def test_special_token_text_in_a_message_stays_text(embedded_tokenizer: Tokenize
     text = embedded_tokenizer.hf.apply_chat_template([{"role": "user", "content": "ok"}], add_generation_prompt=True,
                                                      tokenize=False)
     assert plain == embedded_tokenizer.encode(text)
+
+
+def test_tools_beside_a_json_answer_offer_json_not_text() -> None:
+    """With tools and a JSON response_format the grammar allows a call or the JSON answer, never text:
+    the prompt says so, with the schema (an Agents SDK agent with tools and an output type looped on
+    calls until max_turns when told 'otherwise answer in plain text')."""
+    schema = {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    auto = parse_tool_choice("auto", TOOLS)
+    [system, _] = normalize_messages([{"role": "user", "content": "Oslo?"}], TOOLS, auto, schema)
+    assert "plain text" not in system["content"]
+    assert 'as JSON matching this JSON Schema, and nothing else: {"type":"object"' in system["content"]
+    [plain, _] = normalize_messages([{"role": "user", "content": "Oslo?"}], TOOLS, auto)
+    assert "otherwise answer in plain text." in plain["content"]
