@@ -95,7 +95,9 @@ def _could_be_call(text: str) -> bool:
 
 async def _local_frames(local: LocalModel, job: Job, writer: ChunkWriter, tools: bool,
                         speculative: bool) -> AsyncIterator[bytes]:
-    yield writer.chunk({"role": "assistant", "content": ""})
+    # OpenAI opens a reply that may be tool calls with content null, a text reply with "" (the SDKs'
+    # stream helpers keep what the first delta says)
+    yield writer.chunk({"role": "assistant", "content": None if tools else ""})
     held = ""  # text that may still turn out to be a tool call
     streaming_text = not tools
     try:

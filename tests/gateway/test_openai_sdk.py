@@ -126,6 +126,11 @@ def test_a_streamed_tool_call_arrives_as_deltas(client: openai.OpenAI) -> None:
         finish = chunk.choices[0].finish_reason or finish
     assert finish == "tool_calls" and len(ids) == 1 and name in {"get_weather", "get_time"}
     assert isinstance(json.loads(args), dict)
+    # the SDK's stream helper assembles a pure tool call with content None, as a non-streamed reply has
+    with client.chat.completions.stream(model=MODEL, messages=ASK_WEATHER, tools=WEATHER_TOOLS,  # type: ignore[arg-type]
+                                        tool_choice="required", max_tokens=64, temperature=0) as helper:
+        message = helper.get_final_completion().choices[0].message
+    assert message.content is None and message.tool_calls
 
 
 class City(BaseModel):
