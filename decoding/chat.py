@@ -49,6 +49,9 @@ def _text(content: Any, where: str, allow_none: bool = False) -> str:
         parts = []
         for j, part in enumerate(content):
             kind = part.get("type") if isinstance(part, dict) else None
+            if kind == "refusal" and isinstance(part.get("refusal"), str):  # an assistant's earlier refusal
+                parts.append(part["refusal"])
+                continue
             if kind not in ("text", "input_text") or not isinstance(part.get("text"), str):
                 raise MessageError(f"{where}[{j}]: only text content parts are supported, got {kind!r}",
                                    param=f"{where}[{j}]")

@@ -277,8 +277,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--stream", action="store_true", help="print text as it is generated")
     gen.add_argument("--tools", default=None, metavar="FILE", help="OpenAI-style tools, a JSON array")
     gen.add_argument("--tool-choice", default=None, help="none, auto, required, or a tool's name")
-    gen.add_argument("--json-schema", default=None, metavar="FILE", help="constrain the output to this JSON schema")
-    gen.add_argument("--json-object", action="store_true", help="constrain the output to a JSON object")
+    shape = gen.add_mutually_exclusive_group()
+    shape.add_argument("--json-schema", default=None, metavar="FILE", help="constrain the output to this JSON schema")
+    shape.add_argument("--json-object", action="store_true", help="constrain the output to a JSON object")
     gen.add_argument("--backend", default="outlines", choices=["outlines", "xgrammar"], help="constraint backend")
     gen.set_defaults(func=_generate)
 

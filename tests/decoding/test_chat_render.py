@@ -99,3 +99,12 @@ def test_tools_beside_a_json_answer_offer_json_not_text() -> None:
     assert 'as JSON matching this JSON Schema, and nothing else: {"type":"object"' in system["content"]
     [plain, _] = normalize_messages([{"role": "user", "content": "Oslo?"}], TOOLS, auto)
     assert "otherwise answer in plain text." in plain["content"]
+
+
+def test_an_earlier_refusal_part_is_history_text() -> None:
+    """OpenAI's assistant messages may hold a refusal content part; sent back as history, it is text."""
+    messages = [{"role": "user", "content": "Do it."},
+                {"role": "assistant", "content": [{"type": "refusal", "refusal": "I can't."}]},
+                {"role": "user", "content": "Why?"}]
+    turns = normalize_messages(messages, [], parse_tool_choice(None, []))
+    assert turns[1] == {"role": "assistant", "content": "I can't."}
