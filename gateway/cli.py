@@ -32,6 +32,7 @@ def _generate(args: argparse.Namespace) -> int:
     from decoding.build import build_engine
     from decoding.chat_engine import ChatEngine, ChatRequest, ConstraintOptions
     from decoding.constraints.bounds import Bounds
+    from decoding.constraints.spec import TOOL_CALL_MARKER
     from decoding.generate import GenerationConfig
     from decoding.sampling import SamplingParams
     from decoding.tokenizer import cache_root
@@ -67,19 +68,23 @@ def _generate(args: argparse.Namespace) -> int:
     ))
     started = time.perf_counter()
     generation = prepared.start()
+    held = ""  # with tools, text that may still turn out to be a call (printed parsed, at the end)
     for delta in generation:
-        if args.stream:
-            sys.stdout.write(delta)
-            sys.stdout.flush()
+        if not args.stream:
+            continue
+        held += delta
+        if args.tools and (held.startswith(TOOL_CALL_MARKER) or TOOL_CALL_MARKER.startswith(held)):
+            continue
+        sys.stdout.write(held)
+        sys.stdout.flush()
+        held = ""
     result = generation.result
     elapsed = time.perf_counter() - started
     output = prepared.finish(result)
     if output.tool_calls:
-        if args.stream:
-            sys.stdout.write("\n")
         sys.stdout.write(json.dumps([c.to_openai() for c in output.tool_calls], indent=2))
-    elif not args.stream:
-        sys.stdout.write(result.text)
+    elif not args.stream or held:
+        sys.stdout.write(result.text if not args.stream else held)
     sys.stdout.write("\n")
     summary = {
         "finish_reason": output.finish_reason,

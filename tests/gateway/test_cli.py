@@ -131,13 +131,14 @@ def test_generate_a_required_tool_call(tmp_path: Path) -> None:
     tools.write_text(json.dumps([{"type": "function", "function": {"name": "get_weather", "parameters": {
         "type": "object", "properties": {"city": {"type": "string"}, "unit": {"enum": ["celsius", "fahrenheit"]}},
         "required": ["city", "unit"]}}}]))
-    proc = _draftgate("generate", "Weather in Paris, celsius?", "--tools", str(tools), "--tool-choice", "required",
-                      "--backend", "xgrammar", "--max-tokens", "64")
-    assert proc.returncode == 0, proc.stderr
-    [call] = json.loads(proc.stdout)
-    assert call["type"] == "function" and call["function"]["name"] == "get_weather"
-    assert set(json.loads(call["function"]["arguments"])) == {"city", "unit"}
-    assert json.loads(proc.stderr.strip().splitlines()[-1])["finish_reason"] == "tool_calls"
+    for stream in ((), ("--stream",)):  # streamed, the call is printed once, parsed, not as raw text first
+        proc = _draftgate("generate", "Weather in Paris, celsius?", "--tools", str(tools), "--tool-choice",
+                          "required", "--backend", "xgrammar", "--max-tokens", "64", *stream)
+        assert proc.returncode == 0, proc.stderr
+        [call] = json.loads(proc.stdout)
+        assert call["type"] == "function" and call["function"]["name"] == "get_weather"
+        assert set(json.loads(call["function"]["arguments"])) == {"city", "unit"}
+        assert json.loads(proc.stderr.strip().splitlines()[-1])["finish_reason"] == "tool_calls"
 
 
 def test_an_unknown_named_tool_is_a_clear_error(tmp_path: Path) -> None:
