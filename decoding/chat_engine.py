@@ -85,8 +85,7 @@ class ChatEngine:
                 raise InvalidRequestError("'stop' cannot be combined with tools or a JSON response_format: a stop "
                                           "sequence would cut the structured output", param="stop")
             config = replace(config, grammar=self.backend(options.backend).compile(plan.spec))
-        answer = response_format.schema if response_format.type != "text" else None
-        prompt = render_prompt(self.engine.target.tokenizer, request.messages, tools, choice, answer)
+        prompt = render_prompt(self.engine.target.tokenizer, request.messages, tools, choice, plan.json_schema)
         if request.fit_max_tokens:
             room = max(self.engine.max_context - len(prompt), 1)
             config = replace(config, max_new_tokens=min(config.max_new_tokens, room))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import os
@@ -60,7 +61,7 @@ class Tokenizer:
         if not self.hf.chat_template:
             raise ModelLoadError(f"{self.source}: the tokenizer has no chat template")
         found: list[str] = []  # special-token text inside the messages, in the order hidden
-        specials = self._special_pattern()
+        specials = self._specials
 
         def stand_in(match: re.Match[str]) -> str:
             found.append(match.group())
@@ -92,7 +93,8 @@ class Tokenizer:
                 start = marker.end()
         return ids
 
-    def _special_pattern(self) -> re.Pattern[str]:
+    @functools.cached_property
+    def _specials(self) -> re.Pattern[str]:
         """The special tokens' texts (<|im_start|>, <|im_end|>, ...), longest first."""
         names = sorted({t.content for t in self.hf.added_tokens_decoder.values() if t.special}, key=len, reverse=True)
         return re.compile("|".join(map(re.escape, names))) if names else re.compile("(?!)")

@@ -15,7 +15,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from decoding.chat_engine import ChatRequest
-from decoding.constraints.spec import TOOL_CALL_MARKER
+from decoding.constraints.spec import could_be_call
 from decoding.generate import GenerationConfig
 from decoding.sampling import SamplingParams
 from gateway import upstream
@@ -89,10 +89,6 @@ async def _collect(local: LocalModel, job: Job, request: Request) -> Done:
     raise AssertionError("events() ends with Done")
 
 
-def _could_be_call(text: str) -> bool:
-    return text.startswith(TOOL_CALL_MARKER) or TOOL_CALL_MARKER.startswith(text)
-
-
 async def _local_frames(local: LocalModel, job: Job, writer: ChunkWriter, tools: bool,
                         speculative: bool) -> AsyncIterator[bytes]:
     # OpenAI opens a reply that may be tool calls with content null, a text reply with "" (the SDKs'
@@ -109,7 +105,7 @@ async def _local_frames(local: LocalModel, job: Job, writer: ChunkWriter, tools:
                     yield writer.chunk({"content": item})
                     continue
                 held += item
-                if not _could_be_call(held):
+                if not could_be_call(held):
                     streaming_text = True
                     yield writer.chunk({"content": held})
                     held = ""

@@ -8,6 +8,7 @@ import logging
 import os
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,7 +33,7 @@ def _generate(args: argparse.Namespace) -> int:
     from decoding.build import build_engine
     from decoding.chat_engine import ChatEngine, ChatRequest, ConstraintOptions
     from decoding.constraints.bounds import Bounds
-    from decoding.constraints.spec import TOOL_CALL_MARKER
+    from decoding.constraints.spec import could_be_call
     from decoding.generate import GenerationConfig
     from decoding.sampling import SamplingParams
     from decoding.tokenizer import cache_root
@@ -73,7 +74,7 @@ def _generate(args: argparse.Namespace) -> int:
         if not args.stream:
             continue
         held += delta
-        if args.tools and (held.startswith(TOOL_CALL_MARKER) or TOOL_CALL_MARKER.startswith(held)):
+        if args.tools and could_be_call(held):
             continue
         sys.stdout.write(held)
         sys.stdout.flush()
@@ -226,24 +227,22 @@ def _version() -> str:
         return "(not installed)"
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+def _int_in(low: int, high: int | None, noun: str, bounds: str) -> Callable[[str], int]:
+    """An argparse type: an int in [low, high] (no upper end with None); errors say `noun` and `bounds`."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not {noun}: {text!r}") from None
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"{bounds}, got {value}")
+        return value
+
+    return parse
 
 
-def _port(text: str) -> int:
-    try:
-        port = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a port number: {text!r}") from None
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"a port is 0 to 65535, got {port}")
-    return port
+_positive = _int_in(1, None, "a whole number", "must be at least 1")
+_port = _int_in(0, 65535, "a port number", "a port is 0 to 65535")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -161,16 +161,19 @@ class OutlinesBackend:
                 self._check_cached(key)
                 if key in self._cache:
                     return self._cache[key]
-            index = self._load(key)
-            if index is None:
-                with self._slots:
-                    index = self._build(key, regex)
-                self._store(key, index)
-            factory = OutlinesFactory(index, self.vocab_size, self.eos_token_id, self.vocab_bytes)
-            with self._lock:
-                self._cache[key] = factory
-                self._compiling.pop(key, None)
-            return factory
+            try:
+                index = self._load(key)
+                if index is None:
+                    with self._slots:
+                        index = self._build(key, regex)
+                    self._store(key, index)
+                factory = OutlinesFactory(index, self.vocab_size, self.eos_token_id, self.vocab_bytes)
+                with self._lock:
+                    self._cache[key] = factory
+                return factory
+            finally:  # compiled, timed out (in _failed) or refused: no longer being compiled
+                with self._lock:
+                    self._compiling.pop(key, None)
 
     def _check_cached(self, key: str) -> None:
         """Raise the error of a recent compile of this schema that timed out (under the lock)."""
@@ -195,7 +198,6 @@ class OutlinesBackend:
             )
             with self._lock:
                 self._failed[key] = (time.monotonic(), error)
-                self._compiling.pop(key, None)
             raise error from exc
 
     def _path(self, key: str) -> Path | None:

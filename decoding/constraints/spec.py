@@ -21,6 +21,12 @@ from decoding.constraints.base import ConstraintError
 TOOL_CALL_MARKER = "<tool_call>"
 
 
+def could_be_call(text: str) -> bool:
+    """Whether streamed text may still turn out to be a tool call: it starts with the marker, or is a
+    start of it. Such text is held back until the call is parsed."""
+    return text.startswith(TOOL_CALL_MARKER) or TOOL_CALL_MARKER.startswith(text)
+
+
 @dataclass(frozen=True)
 class GrammarSpec:
     json_schema: dict[str, Any] | None = None
