@@ -68,12 +68,24 @@ class RMSNorm(nn.Module):
         super().__init__()
         self.eps = eps
         self.weight = nn.Parameter(torch.ones(dim))
+        self._cast: tuple[tuple[int, int, torch.dtype], torch.Tensor] | None = None
 
     def forward(self, x: torch.Tensor, out_dtype: torch.dtype | None = None) -> torch.Tensor:
         # x: (..., D) residual stream (float32); normalise in float32, cast for the next matmul
         xf = x if x.dtype == torch.float64 else x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return (self.weight.to(xf.dtype) * xf).to(out_dtype or self.weight.dtype)
+        return (self.weight_as(xf.dtype) * xf).to(out_dtype or self.weight.dtype)
+
+    def weight_as(self, dtype: torch.dtype) -> torch.Tensor:
+        """The weight (D,) in `dtype`; without autograd the cast is made once per weight version, not
+        once per call (two casts a layer a decode step)."""
+        w = self.weight
+        if w.dtype == dtype or torch.is_grad_enabled():
+            return w.to(dtype)
+        key = (w.data_ptr(), w._version, dtype)
+        if self._cast is None or self._cast[0] != key:
+            self._cast = (key, w.detach().to(dtype))
+        return self._cast[1]
 
 
 def unit_rms(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
@@ -115,24 +127,27 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         # x: (1, T, D)
         _, t, d = x.shape
-        kv_dim = self.n_kv_heads * self.head_dim
-        q, k, v = self.wqkv(x).split([d, kv_dim, kv_dim], dim=-1)
+        nh, nkv, hd = self.n_heads, self.n_kv_heads, self.head_dim
         assert self.kv_cache is not None, "call setup_cache() before forward()"
         adt = cos.dtype  # attention dtype (see Transformer.attention_dtype)
-        q = q.view(1, t, self.n_heads, self.head_dim).transpose(1, 2).to(adt)  # (1, nh, T, hd)
-        k = k.view(1, t, self.n_kv_heads, self.head_dim).transpose(1, 2).to(adt)  # (1, nkv, T, hd)
-        v = v.view(1, t, self.n_kv_heads, self.head_dim).transpose(1, 2).to(adt)  # (1, nkv, T, hd)
-        q = apply_rope(q, cos, sin)
-        k = apply_rope(k, cos, sin)
-        k, v = self.kv_cache.update(start, k, v, start + t)  # (1, nkv, start+T, hd)
-        # a single query attends to every cached position: no mask needed; several queries without a
-        # mask are a prompt from position 0, causal (the kernel's own causal path: no (T, T) mask, which
-        # made an 8k-token prompt take 80 s)
-        causal = mask is None and t > 1
-        assert not causal or start == 0, "a multi-token pass past position 0 needs its mask"
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=self.n_kv_heads != self.n_heads
-        )  # (1, nh, T, hd)
+        # q, k and v heads side by side, cast once; q and k rotated together
+        qkv = self.wqkv(x).view(1, t, nh + 2 * nkv, hd).transpose(1, 2).to(adt)  # (1, nh + 2 nkv, T, hd)
+        qk = apply_rope(qkv[:, : nh + nkv], cos, sin)  # (1, nh + nkv, T, hd)
+        q = qk[:, :nh]  # (1, nh, T, hd)
+        k, v = self.kv_cache.update(start, qk[:, nh:], qkv[:, nh + nkv :], start + t)  # (1, nkv, start+T, hd)
+        if t == 1 and nh != nkv:
+            # one token: the heads sharing a kv head are that head's queries, so the kernel reads each
+            # cached key once instead of once per query head
+            y = F.scaled_dot_product_attention(q.reshape(1, nkv, nh // nkv, hd), k, v).reshape(1, nh, 1, hd)
+        else:
+            # a single query attends to every cached position: no mask needed; several queries without a
+            # mask are a prompt from position 0, causal (the kernel's own causal path: no (T, T) mask,
+            # which made an 8k-token prompt take 80 s)
+            causal = mask is None and t > 1
+            assert not causal or start == 0, "a multi-token pass past position 0 needs its mask"
+            y = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=causal, enable_gqa=nkv != nh
+            )  # (1, nh, T, hd)
         return self.wo(y.transpose(1, 2).reshape(1, t, d).to(self.wo.weight.dtype))
 
 
@@ -160,8 +175,9 @@ class Block(nn.Module):
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int, mask: torch.Tensor | None
     ) -> torch.Tensor:
         # x: (1, T, D) residual stream in float32; the matmuls run in the weights' dtype
-        h = x + self.attention(self.attention_norm(x), cos, sin, start, mask).to(x.dtype)
-        return h + self.feed_forward(self.ffn_norm(h)).to(x.dtype)
+        # (bf16 sublayer outputs are promoted exactly by the additions)
+        h = x + self.attention(self.attention_norm(x), cos, sin, start, mask)
+        return h + self.feed_forward(self.ffn_norm(h))
 
 
 class Transformer(nn.Module):

@@ -45,10 +45,11 @@ class PackedLinear(nn.Module):
             return F.linear(x, self.weight, self.bias)
         if len(self.packed) == 1:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed[0], self.bias, "none", [], "")
-        out = self.bias.float() if self.bias is not None else 0.0
+        out = self.bias.float() if self.bias is not None else None
         for (a, b), w in zip(self.bounds, self.packed, strict=True):
-            out = out + torch.ops.mkldnn._linear_pointwise(x[..., a:b].contiguous(), w, None, "none", [], "").float()
-        assert isinstance(out, torch.Tensor)
+            part = torch.ops.mkldnn._linear_pointwise(x[..., a:b].contiguous(), w, None, "none", [], "").float()
+            out = part if out is None else out + part
+        assert out is not None
         return out
 
 
