@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from decoding.sampling import sample
+
 
 @dataclass(frozen=True)
 class Verdict:
@@ -44,7 +46,7 @@ def rejection_sample(
 ) -> Verdict:
     k = len(draft_tokens)
     if k == 0:
-        return Verdict(0, int(torch.multinomial(target_probs[0], 1, generator=generator).item()), True)
+        return Verdict(0, sample(target_probs[0], generator), True)
     idx = torch.tensor(draft_tokens)  # [k]
     rows = torch.arange(k)
     p_x = target_probs[rows, idx]  # [k]
@@ -55,7 +57,7 @@ def rejection_sample(
     n = accepted.index(False) if False in accepted else k
     if n == k:
         # every draft accepted: the bonus token comes from p after the last draft
-        return Verdict(k, int(torch.multinomial(target_probs[k], 1, generator=generator).item()), True)
+        return Verdict(k, sample(target_probs[k], generator), True)
     # rejected at n: resample from the residual norm(max(p - q, 0)); for one-hot q that is p without x
     p = target_probs[n]
     if draft_probs is None:
@@ -63,8 +65,6 @@ def rejection_sample(
         residual[draft_tokens[n]] = 0.0
     else:
         residual = (p - draft_probs[n]).clamp_min(0.0)
-    total = residual.sum()
-    if total <= 0:  # p == q up to rounding: the rejection had probability ~0; p itself is the residual
-        residual, total = p, p.sum()
-    recovered = int(torch.multinomial(residual / total, 1, generator=generator).item())
-    return Verdict(n, recovered, False)
+    if not bool(residual.sum() > 0):  # p == q up to rounding: the rejection had probability ~0; p is the residual
+        residual = p
+    return Verdict(n, sample(residual, generator), False)

@@ -15,7 +15,7 @@ import torch
 
 from decoding.constraints.base import Grammar
 from decoding.drafters.base import Proposal
-from decoding.sampling import SamplingParams, processed_probs
+from decoding.sampling import SamplingParams, processed_probs, sample
 
 
 def draft_chain(
@@ -50,7 +50,7 @@ def draft_chain(
             q = processed_probs(logits.unsqueeze(0), params, mask)[0]  # [Vd]
             if min_peak > 0 and float(q.max()) < min_peak:
                 break
-            j = int(torch.multinomial(q, 1, generator=generator).item())
+            j = sample(q, generator)
             rows.append(q if vocab is None else torch.zeros(vocab_size, dtype=q.dtype).index_copy_(0, vocab, q))
         token = j if vocab is None else int(vocab[j])
         tokens.append(token)

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from decoding.errors import InvalidRequestError
-from decoding.sampling import SamplingParams, next_token, processed_probs
+from decoding.sampling import TOP_P_CANDIDATES, SamplingParams, next_token, processed_probs, sample
 
 LOGITS = torch.tensor([[2.0, 1.0, 0.5, 0.0, -1.0]], dtype=torch.float64)
 
@@ -65,3 +65,40 @@ def test_the_whole_64_bit_seed_range_is_accepted() -> None:
 def test_out_of_range_parameters_are_refused(kwargs: dict[str, float]) -> None:
     with pytest.raises(InvalidRequestError):
         SamplingParams(**kwargs)  # type: ignore[arg-type]
+
+
+def _top_p_by_full_sort(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    # the definition: sort everything, drop a token once the strictly likelier ones reach top_p
+    sorted_p, order = probs.sort(dim=-1, descending=True)
+    drop = (sorted_p.cumsum(-1) - sorted_p) >= top_p
+    drop[..., 0] = False
+    kept = torch.zeros_like(probs).scatter_(-1, order, sorted_p.masked_fill(drop, 0.0))
+    return kept / kept.sum(-1, keepdim=True)
+
+
+@pytest.mark.parametrize("spread", [0.05, 1.0, 20.0])  # peaked: nucleus among the candidates; flat: past them
+def test_top_p_equals_sorting_the_whole_vocabulary(spread: float) -> None:
+    g = torch.Generator().manual_seed(3)
+    logits = torch.randn(3, 49152, generator=g) / spread  # [T, V]
+    params = SamplingParams(temperature=1.0, top_p=0.9)
+    ours = processed_probs(logits, params)
+    assert torch.equal(ours, _top_p_by_full_sort(torch.softmax(logits, -1), 0.9))
+    kept = int((ours[0] > 0).sum())
+    assert (kept < TOP_P_CANDIDATES) if spread < 1 else (kept > TOP_P_CANDIDATES)  # both paths are taken
+
+
+def test_a_draw_follows_the_weights_and_never_takes_a_zero_weight_token() -> None:
+    weights = torch.tensor([0.0, 1.5, 0.0, 0.9, 0.6, 0.0])  # any positive total: a residual is unnormalised
+    p = weights / weights.sum()
+    g = torch.Generator().manual_seed(7)
+    n = 30_000
+    counts = torch.bincount(torch.tensor([sample(weights, g) for _ in range(n)]), minlength=6).double()
+    assert counts[p == 0].sum() == 0
+    # each count within 5 standard deviations of n p (binomial): a wrong draw fails by ~100 sigma
+    sigma = (n * p * (1 - p)).sqrt()
+    assert bool(((counts - n * p).abs() <= 5 * sigma).all()), (counts, n * p)
+
+
+def test_weights_with_nothing_to_draw_are_refused() -> None:
+    with pytest.raises(ValueError, match="summing to 0"):
+        sample(torch.zeros(4), torch.Generator().manual_seed(0))
