@@ -9,6 +9,7 @@ calls into OpenAI `tool_calls`.
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,7 +19,7 @@ from decoding.constraints.bounds import Bounds, bound_schema
 from decoding.constraints.preflight import Unsupported, check_schema, preflight, validate_output
 from decoding.constraints.spec import TOOL_CALL_MARKER, GrammarSpec
 from decoding.errors import InvalidRequestError
-from decoding.tools import Tool, ToolCall, ToolChoice, calls_schema, tool_calls_from
+from decoding.tools import Tool, ToolCall, ToolChoice, calls_schema, cut_tool_calls, tool_calls_from
 
 SCHEMA_NAME = re.compile(r"^[a-zA-Z0-9_-]{1,64}$")
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
@@ -88,6 +89,9 @@ class OutputPlan:
 
     def finish(self, text: str, finish_reason: str) -> ChatOutput:
         """Check and shape a generation's text: tool calls parsed, JSON validated."""
+        if self.spec is not None and self.calls is not None and finish_reason == "length" \
+                and text.startswith(self.spec.marker):
+            return self._cut_calls(text[len(self.spec.marker):])
         if self.spec is None or finish_reason != "stop":
             # cut by max_tokens (or cancelled): incomplete, returned as is with its finish_reason
             return ChatOutput(text, finish_reason=finish_reason)
@@ -104,6 +108,22 @@ class OutputPlan:
                 raise OutputValidationError(str(exc)) from exc
             return ChatOutput(text, finish_reason="stop", parsed=value)
         return ChatOutput(text, finish_reason="stop")
+
+
+    def _cut_calls(self, text: str) -> ChatOutput:
+        # tool calls cut by max_tokens: never the marker syntax as content. A complete, valid array was
+        # cut only before the end the grammar forces after it: the calls stand. Otherwise the calls as
+        # far as they got, finish_reason "length", as OpenAI returns a call cut short.
+        assert self.calls is not None
+        try:
+            json.loads(text)
+        except json.JSONDecodeError:
+            return ChatOutput(None, cut_tool_calls(text), "length")
+        try:
+            calls = validate_output(text, self.calls)
+        except ConstraintError as exc:
+            raise OutputValidationError(f"tool call failed validation: {exc}") from exc
+        return ChatOutput(None, tool_calls_from(calls), "tool_calls")
 
 
 def _check(schema: dict[str, Any], backend: str, allow_after: bool, where: str) -> list[Unsupported]:

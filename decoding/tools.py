@@ -210,6 +210,32 @@ def parse_tool_calls(text: str, marker: str = TOOL_CALL_MARKER) -> list[ToolCall
     return tool_calls_from(calls)
 
 
+def cut_tool_calls(text: str) -> list[ToolCall]:
+    """The calls in a call array cut off by max_tokens (`text` follows the marker): every complete call,
+    then the last one with its arguments as far as they got (OpenAI's shape for a call cut by `length`).
+    A call cut before its arguments began is left out."""
+    decoder = json.JSONDecoder()
+    calls: list[ToolCall] = []
+    i = text.find("[") + 1
+    while 0 < i < len(text):
+        while i < len(text) and text[i] in " \t\r\n,":
+            i += 1
+        try:
+            call, i = decoder.raw_decode(text, i)
+            calls += tool_calls_from([call])
+        except (json.JSONDecodeError, ConstraintError):
+            break
+    partial = _CUT_CALL.match(text, i) if i > 0 else None
+    if partial is not None:
+        calls.append(ToolCall(new_call_id(), json.loads(f'"{partial["name"]}"'), partial["arguments"]))
+    return calls
+
+
+# a call object cut inside its arguments; the constrained writer puts "name" first (calls_schema)
+_CUT_CALL = re.compile(r'\{\s*"name"\s*:\s*"(?P<name>(?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*(?P<arguments>.*)\Z',
+                       re.DOTALL)
+
+
 def tool_calls_from(calls: Any) -> list[ToolCall]:
     """OpenAI tool calls, each with a fresh id, from the parsed call array."""
     if not isinstance(calls, list):

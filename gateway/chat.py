@@ -114,7 +114,7 @@ async def _local_frames(local: LocalModel, job: Job, writer: ChunkWriter, tools:
                 if out.tool_calls:
                     for frame in writer.tool_call_chunks(out.tool_calls):
                         yield frame
-                elif held:
+                elif held and out.content is not None:  # (None: a call cut before its arguments)
                     yield writer.chunk({"content": held})
                 for frame in writer.final(out.finish_reason, usage(result),
                                           draftgate_stats(result, speculative, item.queued_s)):

@@ -84,7 +84,7 @@ def _generate(args: argparse.Namespace) -> int:
     output = prepared.finish(result)
     if output.tool_calls:
         sys.stdout.write(json.dumps([c.to_openai() for c in output.tool_calls], indent=2))
-    elif not args.stream or held:
+    elif output.content is not None and (not args.stream or held):
         sys.stdout.write(result.text if not args.stream else held)
     sys.stdout.write("\n")
     summary = {

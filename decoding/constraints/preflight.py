@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from decoding.constraints.base import ConstraintError, UnsupportedKeywordError
+from decoding.constraints.disjoint import branches_disjoint
 from decoding.constraints.outlines_maps import COUNT_KEYS, is_map
 from decoding.constraints.refs import check_refs, recursive_refs
 
@@ -53,8 +54,10 @@ class Unsupported:
         return f"'{self.keyword}' at {self.path or '/'}"
 
 
-def unsupported_keywords(schema: Any, backend: str, path: str = "") -> list[Unsupported]:
-    """Every keyword (or format) in `schema` that `backend` would not enforce."""
+def unsupported_keywords(schema: Any, backend: str, path: str = "", root: Any = None) -> list[Unsupported]:
+    """Every keyword (or format) in `schema` that `backend` would not enforce. `root`: the whole document
+    `schema` is part of (itself when None), where its refs resolve."""
+    root = schema if root is None else root
     if backend not in ENFORCED:
         raise ConstraintError(f"unknown constraint backend {backend!r} (known: {', '.join(ENFORCED)})")
     if isinstance(schema, bool):
@@ -69,6 +72,7 @@ def unsupported_keywords(schema: Any, backend: str, path: str = "") -> list[Unsu
             found.append(Unsupported(path, key))
         if key == "format" and value not in FORMATS[backend]:
             found.append(Unsupported(path, f"format: {value}"))
+    found += _combinators(schema, path, root)
     lengths = sorted(LENGTH_KEYS & schema.keys())
     shaped = sorted({"pattern", "format"} & schema.keys())
     if lengths and shaped:  # both backends compile the pair but drop one side without a word (measured)
@@ -77,13 +81,28 @@ def unsupported_keywords(schema: Any, backend: str, path: str = "") -> list[Unsu
         found += [Unsupported(path, f"{d} (with {', '.join(kept)})") for d in dropped]
     for key in SUBSCHEMA_MAPS:
         for name, sub in (schema.get(key) or {}).items():
-            found += unsupported_keywords(sub, backend, f"{path}/{key}/{name}")
+            found += unsupported_keywords(sub, backend, f"{path}/{key}/{name}", root)
     for key in SUBSCHEMA_LISTS:
         for i, sub in enumerate(schema.get(key) or []):
-            found += unsupported_keywords(sub, backend, f"{path}/{key}/{i}")
+            found += unsupported_keywords(sub, backend, f"{path}/{key}/{i}", root)
     for key in SUBSCHEMA_SINGLE:
         if key in schema and isinstance(schema[key], dict | bool):
-            found += unsupported_keywords(schema[key], backend, f"{path}/{key}")
+            found += unsupported_keywords(schema[key], backend, f"{path}/{key}", root)
+    return found
+
+
+def _combinators(schema: dict[str, Any], path: str, root: Any) -> list[Unsupported]:
+    # both backends take these keywords, but not with their meaning (measured): an allOf of several
+    # schemas becomes their outputs one after another (outlines: `{"a":1}{"b":"x"}`) or is ignored
+    # (xgrammar); a oneOf is generated as an anyOf, exact only where no value matches two branches
+    found = []
+    all_of = schema.get("allOf")
+    if isinstance(all_of, list) and len(all_of) > 1:
+        found.append(Unsupported(path, "allOf (more than one schema: merge them into one)"))
+    one_of = schema.get("oneOf")
+    if isinstance(one_of, list) and not branches_disjoint(one_of, root):
+        found.append(Unsupported(path, "oneOf (branches a value could match twice: use anyOf, or tell them "
+                                       "apart by a required property with a different const in each)"))
     return found
 
 
@@ -108,8 +127,8 @@ def preflight(schema: Any, backend: str, allow_validate_after: bool = False) -> 
     if missing and not allow_validate_after:
         names = ", ".join(str(m) for m in missing)
         raise UnsupportedKeywordError(f"the {backend} backend does not enforce {names}; send the schema with "
-                                      '"strict": false to validate the output after generation instead, allow '
-                                      "validate-after in the policy, or choose another backend")
+                                      '"strict": false to generate under what it does enforce and validate '
+                                      "the output against the whole schema after")
     return missing
 
 

@@ -139,3 +139,51 @@ def test_refs_must_point_inside_the_schema(schema: dict, message: str | None) ->
         else:
             with pytest.raises(ConstraintError, match=message):
                 preflight(schema, backend)
+
+
+@pytest.mark.parametrize("backend", ["outlines", "xgrammar"])
+def test_an_all_of_of_several_schemas_is_refused_one_schema_is_not(backend: str) -> None:
+    # outlines writes the branches one after another ({"a":1}{"b":"x"}), xgrammar ignores them (measured)
+    a = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    b = {"type": "object", "properties": {"b": {"type": "string"}}, "required": ["b"]}
+    with pytest.raises(UnsupportedKeywordError, match=r"'allOf \(more than one schema.*' at /properties/x"):
+        preflight({"type": "object", "properties": {"x": {"allOf": [a, b]}}}, backend)
+    assert preflight({"$defs": {"A": a}, "allOf": [{"$ref": "#/$defs/A"}]}, backend) == []  # pydantic's shape
+
+
+TAGGED = {"oneOf": [
+    {"type": "object", "properties": {"kind": {"const": "card"}, "last4": {"type": "string"}},
+     "required": ["kind", "last4"]},
+    {"type": "object", "properties": {"kind": {"const": "bank"}, "iban": {"type": "string"}}, "required": ["kind"]},
+]}
+
+
+@pytest.mark.parametrize("one_of", [
+    TAGGED["oneOf"],
+    [{"type": "string"}, {"type": "integer"}, {"type": "null"}],
+    [{"enum": ["a", "b"]}, {"enum": ["c", 1]}],
+    [{"$ref": "#/$defs/Cat"}, {"$ref": "#/$defs/Dog"}],  # a pydantic discriminated union
+])
+@pytest.mark.parametrize("backend", ["outlines", "xgrammar"])
+def test_a_one_of_no_value_can_match_twice_is_enforced(one_of: list, backend: str) -> None:
+    defs = {name: {"type": "object", "properties": {"pet": {"const": name.lower()}, "age": {"type": "integer"}},
+                   "required": ["pet", "age"]} for name in ("Cat", "Dog")}
+    assert preflight({"$defs": defs, "type": "object", "properties": {"x": {"oneOf": one_of}}}, backend) == []
+
+
+@pytest.mark.parametrize("one_of", [
+    [{"type": "number"}, {"type": "integer"}],  # 5 matches both: an integer is a number
+    [{"enum": [1, "a"]}, {"const": 1.0}],  # 1 == 1.0
+    [{"type": "object", "properties": {"a": {"type": "string"}}},
+     {"type": "object", "properties": {"b": {"type": "string"}}}],  # {} and {"a": "x"} match both
+    [{"type": "object", "properties": {"kind": {"const": "x"}}, "required": ["kind"]},
+     {"type": "object", "properties": {"kind": {"const": "y"}}}],  # the second does not require its tag
+    [{"type": "string"}, {"maxLength": 3}],  # no type: anything
+])
+@pytest.mark.parametrize("backend", ["outlines", "xgrammar"])
+def test_a_one_of_whose_branches_may_overlap_is_refused(one_of: list, backend: str) -> None:
+    # both backends generate oneOf as anyOf; the output then matches two branches and fails validation
+    with pytest.raises(UnsupportedKeywordError, match=r"'oneOf \(branches a value could match twice.*at /properties/x"):
+        preflight({"type": "object", "properties": {"x": {"oneOf": one_of}}}, backend)
+    missing = preflight({"oneOf": one_of}, backend, allow_validate_after=True)  # "strict": false
+    assert [m.keyword.split(" ")[0] for m in missing] == ["oneOf"]

@@ -84,6 +84,27 @@ def test_finish_shapes_outputs() -> None:
     text = plan.finish("It is sunny.", "stop")
     assert (text.content, text.tool_calls, text.finish_reason) == ("It is sunny.", [], "stop")
     cut = plan.finish('<tool_call>[{"name":"get_wea', "length")
-    assert cut.finish_reason == "length" and cut.tool_calls == []
+    assert (cut.content, cut.tool_calls, cut.finish_reason) == (None, [], "length")  # never the marker syntax
+
+
+def test_calls_cut_by_max_tokens_come_back_as_calls() -> None:
+    plan = plan_output(TOOLS, parse_tool_choice("required", TOOLS), parse_response_format(None), "xgrammar")
+    # complete and valid: only the end the grammar forces after the array was cut
+    whole = plan.finish('<tool_call>[{"name":"get_weather","arguments":{"city":"Oslo"}}]', "length")
+    assert (whole.finish_reason, [c.name for c in whole.tool_calls], whole.content) == ("tool_calls", ["get_weather"],
+                                                                                        None)
+    # cut inside the second call's arguments: the first whole, the second as far as it got (OpenAI's shape)
+    cut = plan.finish('<tool_call>[{"name":"get_weather","arguments":{"city":"Oslo"}}, '
+                      '{"name":"get_weather","arguments":{"city":"Be', "length")
+    assert cut.finish_reason == "length" and cut.content is None
+    assert [(c.name, c.arguments) for c in cut.tool_calls] == [("get_weather", '{"city":"Oslo"}'),
+                                                               ("get_weather", '{"city":"Be')]
+    assert len({c.id for c in cut.tool_calls}) == 2
+    # a call cut before its arguments began is left out
+    early = plan.finish('<tool_call>[{"name":"get_weather","arguments":{"city":"Oslo"}},{"name":"get_', "length")
+    assert [c.name for c in early.tool_calls] == ["get_weather"] and early.finish_reason == "length"
+    # complete but failing the schema (a keyword validated after): the 422 of a finished output
+    with pytest.raises(OutputValidationError):
+        plan.finish('<tool_call>[{"name":"get_weather","arguments":{}}]', "length")
     with pytest.raises(OutputValidationError):
         plan.finish('<tool_call>[{"name":"get_weather","arguments":{}}]', "stop")

@@ -133,6 +133,33 @@ def test_a_streamed_tool_call_arrives_as_deltas(client: openai.OpenAI) -> None:
     assert message.content is None and message.tool_calls
 
 
+def test_a_tool_call_cut_by_max_tokens_is_a_call_never_marker_text(client: openai.OpenAI) -> None:
+    args: dict[str, Any] = {"model": MODEL, "messages": ASK_WEATHER, "tools": WEATHER_TOOLS,
+                            "tool_choice": "required", "temperature": 0}
+    whole = client.chat.completions.create(**args, max_tokens=64)
+    assert whole.choices[0].finish_reason == "tool_calls" and whole.usage is not None
+    n = whole.usage.completion_tokens  # the last of them is the end the grammar forces after the array
+    # one token short: the array is complete, only that end was cut; the call stands
+    short = client.chat.completions.create(**args, max_tokens=n - 1).choices[0]
+    assert short.finish_reason == "tool_calls" and short.message.content is None
+    assert short.message.tool_calls is not None
+    assert [c.function.arguments for c in short.message.tool_calls] == \
+        [c.function.arguments for c in whole.choices[0].message.tool_calls or []]
+    # cut inside the arguments: the call as far as it got, finish_reason length (OpenAI's shape)
+    cut = client.chat.completions.create(**args, max_tokens=n - 4).choices[0]
+    assert cut.finish_reason == "length" and cut.message.content is None and cut.message.tool_calls
+    full_args = (whole.choices[0].message.tool_calls or [])[0].function.arguments
+    assert full_args.startswith(cut.message.tool_calls[0].function.arguments)
+    streamed, finish, content = "", None, ""
+    for chunk in client.chat.completions.create(**args, max_tokens=n - 4, stream=True):
+        for d in (chunk.choices[0].delta.tool_calls or []) if chunk.choices else []:
+            streamed += d.function.arguments or "" if d.function else ""
+        if chunk.choices:
+            content += chunk.choices[0].delta.content or ""
+            finish = chunk.choices[0].finish_reason or finish
+    assert (finish, content, streamed) == ("length", "", cut.message.tool_calls[0].function.arguments)
+
+
 class City(BaseModel):
     name: str
     country: str
