@@ -48,29 +48,60 @@ def _chain(exc: BaseException) -> list[BaseException]:
     return out
 
 
+def _provider_detail(chain: list[BaseException]) -> dict[str, Any] | None:
+    """The provider's own error object: from its HTTP body, or from an error frame mid-stream."""
+    for e in chain:
+        body = getattr(e, "body", None)
+        if isinstance(body, dict) and isinstance(body.get("message"), str):
+            return body
+    return None
+
+
+def _provider_status(chain: list[BaseException]) -> int | None:
+    """The HTTP status the provider sent: the openai client's own status error holds it (litellm's
+    wrappers make statuses up: 500 for anything they cannot place). None: no answer, or mid-stream."""
+    import openai
+
+    for e in chain:
+        if isinstance(e, openai.APIStatusError) and type(e).__module__.startswith("openai"):
+            return e.status_code
+    return None
+
+
+# an error frame mid-stream carries no status: its type says what it would have been
+_STATUS_OF_TYPE = {"invalid_request_error": 400, "authentication_error": 401, "permission_error": 403,
+                   "not_found_error": 404, "rate_limit_error": 429, "timeout_error": 504}
+
+
 def upstream_error(exc: Exception, model: str, timeout_s: float | None = None) -> UpstreamError:
     import httpx
     import openai
 
     chain = _chain(exc)
-    if any(isinstance(e, openai.APITimeoutError | httpx.TimeoutException | TimeoutError) for e in chain):
-        return UpstreamError(ApiError(504, f"upstream for {model!r} did not answer within {timeout_s or 0:g} s",
-                                      "timeout_error", "request_timeout"))
-    if any(isinstance(e, openai.APIConnectionError | httpx.TransportError | ConnectionError) for e in chain):
-        cause = chain[-1]
-        return UpstreamError(ApiError(502, f"upstream for {model!r} is unreachable: {cause}", "server_error",
-                                      "upstream_unreachable"))
-    status = getattr(exc, "status_code", None)
-    body = getattr(exc, "body", None)
-    detail = body if isinstance(body, dict) and isinstance(body.get("message"), str) else {}
+    detail = _provider_detail(chain)
+    sent = _provider_status(chain)
+    if detail is None and sent is None:  # no answer from the provider
+        if any(isinstance(e, openai.APITimeoutError | httpx.TimeoutException | TimeoutError) for e in chain):
+            return UpstreamError(ApiError(504, f"upstream for {model!r} did not answer within {timeout_s or 0:g} s",
+                                          "timeout_error", "request_timeout"))
+        if any(isinstance(e, openai.APIConnectionError | httpx.TransportError | ConnectionError) for e in chain):
+            cause = chain[-1]
+            return UpstreamError(ApiError(502, f"upstream for {model!r} is unreachable: {cause}", "server_error",
+                                          "upstream_unreachable"))
+    detail = detail or {}
     message = detail.get("message") or _LITELLM_PREFIX.sub("", str(exc), count=1)
     if isinstance(detail.get("code"), str):
         message += f" (upstream code {detail['code']!r})"
-    if not isinstance(status, int) or status >= 500:
-        return UpstreamError(ApiError(502, f"upstream for {model!r} failed ({status}): {message}", "server_error",
+    status = sent if sent is not None else _STATUS_OF_TYPE.get(str(detail.get("type")), 502)
+    said = f" ({sent})" if sent is not None else ""
+    if status in (408, 504):
+        return UpstreamError(ApiError(504, f"upstream for {model!r} timed out{said}: {message}", "timeout_error",
+                                      "upstream_timeout"))
+    if status >= 500:
+        return UpstreamError(ApiError(502, f"upstream for {model!r} failed{said}: {message}", "server_error",
                                       "upstream_error"))
     if status in (401, 403):
-        return UpstreamError(ApiError(502, f"upstream for {model!r} refused the gateway's credentials ({status}): "
+        return UpstreamError(ApiError(502, f"upstream for {model!r} refused the gateway's credentials{said}: "
                                       f"{message}", "server_error", "upstream_authentication"))
     headers = getattr(getattr(exc, "response", None), "headers", None) or {}
     retry_after = headers.get("retry-after")
@@ -79,6 +110,13 @@ def upstream_error(exc: Exception, model: str, timeout_s: float | None = None) -
     return UpstreamError(ApiError(status, f"upstream for {model!r}: {message}", kind,
                                   "upstream_" + _TYPES.get(status, "error").removesuffix("_error"), param,
                                   {"Retry-After": retry_after} if retry_after else {}))
+
+
+def _litellm() -> Any:
+    import litellm
+
+    litellm.suppress_debug_info = True  # its "Give Feedback / Get Help" banner on every provider error
+    return litellm
 
 
 # sent to an `api_base` when the route names no key variable: OpenAI clients insist on a key, and a
@@ -107,7 +145,7 @@ def _call_args(route: UpstreamRoute, messages: list[dict[str, Any]], params: dic
 async def complete(route: UpstreamRoute, model: str, messages: list[dict[str, Any]],
                    params: dict[str, Any], timeout_s: float | None = None) -> dict[str, Any]:
     """The provider's `chat.completion`, renamed to the route's model."""
-    import litellm
+    litellm = _litellm()
 
     try:
         response = await litellm.acompletion(**_call_args(route, messages, {**params, "stream": False}, timeout_s))
@@ -124,7 +162,7 @@ async def stream(route: UpstreamRoute, model: str, messages: list[dict[str, Any]
                  params: dict[str, Any], timeout_s: float | None = None) -> AsyncIterator[dict[str, Any]]:
     """The provider's chunks, renamed to the route's model. The first is awaited before this returns
     its iterator, so a refused request is an HTTP error, not a stream that fails."""
-    import litellm
+    litellm = _litellm()
 
     try:
         response = await litellm.acompletion(**_call_args(route, messages, {**params, "stream": True}, timeout_s))

@@ -16,13 +16,22 @@ from typing import ClassVar
 import pytest
 
 from gateway.state import GatewayState
-from gateway.upstream import NO_KEY, UpstreamError, complete
+from gateway.upstream import NO_KEY, UpstreamError, complete, stream
 from policies.loader import parse_policy
 from policies.model import UpstreamRoute
 
 ERROR = {"error": {"message": "messages[0] is not a message", "type": "invalid_request_error", "param": "messages",
                    "code": "bad_message"}}
-STATUS = {"e400": 400, "e401": 401, "e429": 429, "e500": 500}
+STATUS = {"e400": 400, "e401": 401, "e429": 429, "e500": 500, "e504": 504}
+# what a provider (draftgate among them) answers when its own request timeout ran out
+TIMED_OUT = {"error": {"message": "the request did not complete within 3 s", "type": "timeout_error", "param": None,
+                       "code": "request_timeout"}}
+CHUNK = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "ok",
+         "choices": [{"index": 0, "delta": {"content": "hi"}, "finish_reason": None}]}
+# failures after the stream began: the status is sent, the error arrives as a frame
+INVALID = {"error": {"message": "output does not match the schema: 'x' is not a 'email'",
+                     "type": "invalid_request_error", "param": None, "code": "output_validation_failed"}}
+FRAMES = {"mid-invalid": INVALID, "mid-timeout": TIMED_OUT}
 OK = {"id": "c1", "object": "chat.completion", "created": 1, "model": "ok",
       "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
       "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
@@ -40,8 +49,15 @@ class Provider(BaseHTTPRequestHandler):
         Provider.calls.append((model, self.headers.get("authorization")))
         if model == "slow":
             time.sleep(3)
+        if model in FRAMES:
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream")
+            self.end_headers()
+            for frame in (CHUNK, FRAMES[model]):
+                self.wfile.write(f"data: {json.dumps(frame)}\n\n".encode())
+            return
         status = STATUS.get(model, 200)
-        data = json.dumps(ERROR if status != 200 else OK).encode()
+        data = json.dumps((TIMED_OUT if status == 504 else ERROR) if status != 200 else OK).encode()
         self.send_response(status)
         self.send_header("content-type", "application/json")
         self.send_header("content-length", str(len(data)))
@@ -99,6 +115,36 @@ def test_no_answer_within_the_timeout_is_a_504(provider: str) -> None:
     assert isinstance(exc, UpstreamError) and exc.error.status == 504 and exc.error.code == "request_timeout"
     assert time.perf_counter() - started < 2.5  # the provider sleeps 3 s
 
+
+def test_the_providers_own_timeout_is_its_answer_not_ours(provider: str) -> None:
+    exc = _ask(provider, "e504", timeout_s=30)
+    assert isinstance(exc, UpstreamError) and exc.error.status == 504 and exc.error.code == "upstream_timeout"
+    assert "did not complete within 3 s" in exc.error.message and "30 s" not in exc.error.message
+
+
+def _stream_error(base: str, model: str) -> tuple[list[dict], UpstreamError | None]:
+    async def run() -> tuple[list[dict], UpstreamError | None]:
+        chunks: list[dict] = []
+        try:
+            async for body in await stream(UpstreamRoute(f"openai/{model}", base), "remote",
+                                           [{"role": "user", "content": "hi"}], {}, 30):
+                chunks.append(body)
+        except UpstreamError as exc:
+            return chunks, exc
+        return chunks, None
+    return asyncio.run(run())
+
+
+@pytest.mark.parametrize(("model", "code"), [("mid-invalid", "upstream_invalid_request"),
+                                             ("mid-timeout", "upstream_timeout")])
+def test_an_error_frame_mid_stream_keeps_the_providers_message_once_and_its_kind(provider: str, model: str,
+                                                                                 code: str) -> None:
+    chunks, exc = _stream_error(provider, model)
+    assert [c["choices"][0]["delta"]["content"] for c in chunks] == ["hi"] and chunks[0]["model"] == "remote"
+    assert exc is not None and exc.error.code == code
+    provider_message = FRAMES[model]["error"]["message"]
+    assert exc.error.message.count(provider_message) == 1
+    assert "litellm" not in exc.error.message and "(500)" not in exc.error.message
 
 def test_a_closed_port_is_unreachable() -> None:
     with socket.socket() as probe:
