@@ -14,6 +14,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from gateway.chat import ClientGone, chat_completions
 from gateway.errors import ApiError, BodyTooLargeError, UnknownModelError, to_api_error
@@ -30,8 +31,10 @@ def error_response(error: ApiError) -> JSONResponse:
 
 def failure(exc: Exception) -> JSONResponse:
     error = to_api_error(exc)
-    if error.status >= 500:
-        log.error("request failed: %s", exc, exc_info=exc if error.code == "internal_error" else None)
+    if error.code == "internal_error":  # a fault of ours: the traceback is what finds it
+        log.error("request failed: %s", exc, exc_info=exc)
+    elif error.status >= 500:  # timeouts, a provider's failure: expected outcomes, one line each
+        log.warning("request failed: %s %s: %s", error.status, error.code, error.message)
     return error_response(error)
 
 
@@ -58,7 +61,7 @@ def create_app(policy: Policy, state: GatewayState | None = None) -> FastAPI:
     async def chat(request: Request) -> Response:
         try:
             return await _chat(request)
-        except ClientGone:
+        except (ClientGone, ClientDisconnect):  # left while queued or decoding, or before its body was read
             return Response(status_code=499)  # nobody is listening; nginx's "client closed request"
         except Exception as exc:  # the one place errors become responses (a handler would re-raise them)
             return failure(exc)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from decoding.chat_engine import ChatEngine, ChatRequest, PreparedChat
 from decoding.generate import GenerationResult
 from decoding.structured import ChatOutput
+from gateway.errors import to_api_error
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +137,10 @@ class LocalModel:
             try:
                 self._run(job, started)
             except Exception as exc:  # the request's error, delivered to it; the worker lives on
-                log.exception("local generation failed")
+                if to_api_error(exc).code == "internal_error":
+                    log.exception("local generation failed")
+                else:  # an outcome the client is told of (an output failing its schema): no traceback
+                    log.info("local generation ended in %s: %s", type(exc).__name__, exc)
                 job.emit(exc)
             self._recent_s = 0.8 * self._recent_s + 0.2 * (time.perf_counter() - started)
 

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from decoding.constraints.base import CompileTimeoutError, UnsupportedKeywordError
 from decoding.errors import ContextLengthError, ModelLoadError, UnknownToolError
 from decoding.structured import OutputValidationError
-from gateway.errors import UnknownModelError, to_api_error
+from gateway.app import failure
+from gateway.errors import ApiError, UnknownModelError, to_api_error
+from gateway.local import RequestTimeoutError
+from gateway.upstream import UpstreamError
 
 
 @pytest.mark.parametrize(("exc", "status", "code", "param"), [
@@ -31,3 +36,19 @@ def test_an_unforeseen_error_is_a_500_without_internals() -> None:
     error = to_api_error(KeyError("secret internal detail"))
     assert error.status == 500 and error.code == "internal_error"
     assert "secret" not in error.message and "KeyError" in error.message
+
+
+@pytest.mark.parametrize(("exc", "level", "traceback"), [
+    (KeyError("a fault of ours"), logging.ERROR, True),  # the traceback is what finds it
+    (UpstreamError(ApiError(502, "upstream for 'x' failed", "server_error", "upstream_error")), logging.WARNING,
+     False),
+    (RequestTimeoutError(30), logging.WARNING, False),
+    (OutputValidationError("age < 0"), None, False),  # the client's outcome, said to the client
+])
+def test_expected_outcomes_are_logged_in_a_line_faults_with_their_traceback(
+        exc: Exception, level: int | None, traceback: bool, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="gateway.app"):
+        failure(exc)
+    records = [r for r in caplog.records if r.name == "gateway.app"]
+    assert [r.levelno for r in records] == ([level] if level is not None else [])
+    assert all((r.exc_info is not None) == traceback for r in records)
