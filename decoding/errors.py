@@ -28,7 +28,7 @@ class TokenizerMismatchError(ModelLoadError):
 class InvalidRequestError(DecodingError):
     """Generation parameters out of range (negative max tokens, temperature < 0, ...)."""
 
-    code = "invalid_generation_parameters"
+    code = "invalid_value"
 
 
 class ContextLengthError(InvalidRequestError):

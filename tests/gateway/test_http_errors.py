@@ -53,6 +53,10 @@ def envelope(response: httpx.Response) -> dict[str, Any]:
     ({**OK, "response_format": {"type": "json_schema", "json_schema": {"name": "p", "strict": True, "schema": {
         "type": "object", "properties": {"age": {"type": "integer", "minimum": 0}}}}}}, 400,
      "unsupported_schema_keyword", "response_format.json_schema.schema"),
+    ({**OK, "response_format": {"type": "xml"}}, 400, "invalid_value", "response_format.type"),
+    ({**OK, "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": {"oneOf": [
+        {"type": "number"}, {"type": "integer"}]}}}}, 400, "unsupported_schema_keyword",
+     "response_format.json_schema.schema"),  # generated as anyOf, 5 would match both
 ])
 def test_bad_requests_get_precise_errors(gateway_url: str, body: dict[str, Any], status: int, code: str,
                                          param: str | None) -> None:
