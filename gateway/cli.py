@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from decoding.bench.workload import CATEGORIES, CONSTRAINED
-from decoding.errors import DecodingError, InvalidRequestError
+from decoding.errors import DecodingError, InvalidRequestError, UnknownToolError
 from gateway.auth import NoKeysError
 from policies.loader import PolicyError
 
@@ -30,18 +30,24 @@ def _read_json(path: str, what: str) -> object:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from decoding.build import build_engine
+    from decoding.build import DRAFTER_NAMES, build_engine
     from decoding.chat_engine import ChatEngine, ChatRequest, ConstraintOptions
     from decoding.constraints.bounds import Bounds
     from decoding.constraints.spec import could_be_call
     from decoding.generate import GenerationConfig
+    from decoding.loading import resolve_dtype
     from decoding.sampling import SamplingParams
+    from decoding.structured import parse_response_format
     from decoding.tokenizer import cache_root
+    from decoding.tools import parse_tool_choice, parse_tools
 
+    # everything that can be checked without the model is checked before it loads (seconds)
     drafters = tuple(args.drafters) if args.drafters else None
-    structured = bool(args.tools or args.json_schema or args.json_object)
-    engine = build_engine(args.model, drafters, args.draft, args.dtype, args.max_draft_tokens, with_grammar=structured,
-                          draft_tree=not args.draft_chain)
+    unknown = [name for name in drafters or () if name not in DRAFTER_NAMES]
+    if unknown:
+        raise InvalidRequestError(f"unknown drafter {unknown[0]!r} (known: {', '.join(DRAFTER_NAMES)})")
+    resolve_dtype(args.dtype)
+    sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     messages = [{"role": "user", "content": args.prompt}]
     if args.system:
         messages.insert(0, {"role": "system", "content": args.system})
@@ -51,12 +57,25 @@ def _generate(args: argparse.Namespace) -> int:
         response_format = {"type": "json_schema", "json_schema": {"name": "output", "schema": schema, "strict": True}}
     elif args.json_object:
         response_format = {"type": "json_object"}
+    parse_response_format(response_format)
+    tools = _read_json(args.tools, "--tools") if args.tools else None
     tool_choice: object = args.tool_choice
     if tool_choice not in (None, "none", "auto", "required"):
         tool_choice = {"type": "function", "function": {"name": tool_choice}}
+    if tool_choice is not None and not tools:
+        raise InvalidRequestError("--tool-choice needs --tools")
+    parsed_tools = parse_tools(tools)
+    names = [t.name for t in parsed_tools]
+    if isinstance(tool_choice, dict) and args.tool_choice not in names:
+        raise UnknownToolError(f"--tool-choice {args.tool_choice!r}: none, auto, required or a tool's name "
+                               f"({', '.join(names)})")
+    parse_tool_choice(tool_choice, parsed_tools)
+    structured = bool(tools or args.json_schema or args.json_object)
+    engine = build_engine(args.model, drafters, args.draft, args.dtype, args.max_draft_tokens, with_grammar=structured,
+                          draft_tree=not args.draft_chain)
     config = GenerationConfig(
         max_new_tokens=args.max_tokens,
-        sampling=SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed),
+        sampling=sampling,
         stop=tuple(args.stop),
         speculative=not args.no_speculative,
     )
@@ -64,7 +83,7 @@ def _generate(args: argparse.Namespace) -> int:
                                 cache_dir=cache_root() / "outlines")
     chat = ChatEngine(engine, options)
     prepared = chat.prepare(ChatRequest(
-        messages, config, tools=_read_json(args.tools, "--tools") if args.tools else None, tool_choice=tool_choice,
+        messages, config, tools=tools, tool_choice=tool_choice,
         response_format=response_format,
     ))
     started = time.perf_counter()
@@ -267,8 +286,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--drafters", nargs="+", default=None,
                      help="drafters in order: grammar, ngram, draft (default: ngram draft; grammar is added "
                           "under a constraint)")
-    gen.add_argument("--dtype", default="auto", help="auto (bf16 where the CPU has it), bf16, fp32")
-    gen.add_argument("--max-tokens", type=int, default=256)
+    gen.add_argument("--dtype", default="auto", help="auto (bf16 where the CPU has it), bf16, fp32, fp64 or fp16")
+    gen.add_argument("--max-tokens", type=_positive, default=256)
     gen.add_argument("--max-draft-tokens", type=int, default=8)
     gen.add_argument("--draft-chain", action="store_true",
                      help="a draft head drafts one chain per pass instead of a tree of alternatives")
@@ -280,7 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--no-speculative", action="store_true", help="target-only decoding")
     gen.add_argument("--stream", action="store_true", help="print text as it is generated")
     gen.add_argument("--tools", default=None, metavar="FILE", help="OpenAI-style tools, a JSON array")
-    gen.add_argument("--tool-choice", default=None, help="none, auto, required, or a tool's name")
+    gen.add_argument("--tool-choice", default=None, help="none, auto, required, or a tool's name (needs --tools)")
     shape = gen.add_mutually_exclusive_group()
     shape.add_argument("--json-schema", default=None, metavar="FILE", help="constrain the output to this JSON schema")
     shape.add_argument("--json-object", action="store_true", help="constrain the output to a JSON object")

@@ -149,6 +149,27 @@ def test_an_unknown_named_tool_is_a_clear_error(tmp_path: Path) -> None:
     assert "tool_not_found" in proc.stderr and "send_email" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize(("args", "message"), [
+    (("--max-tokens", "0"), "--max-tokens: must be at least 1, got 0"),
+    (("--temperature", "-1"), "temperature must be >= 0"),
+    (("--top-p", "5"), "top_p must be in (0, 1]"),
+    (("--drafters", "foo"), "unknown drafter 'foo' (known: grammar, ngram, draft)"),
+    (("--tools", "/nonexistent.json"), "--tools /nonexistent.json"),
+    (("--tool-choice", "required"), "--tool-choice needs --tools"),
+    (("--tools", "{tools}", "--tool-choice", "sometimes"), "none, auto, required or a tool's name (get_weather)"),
+    (("--json-schema", "{bad_schema}"), "invalid JSON schema"),
+])
+def test_generate_refuses_bad_arguments_before_loading_the_model(tmp_path: Path, args: tuple[str, ...],
+                                                                  message: str) -> None:
+    tools, bad_schema = tmp_path / "tools.json", tmp_path / "schema.json"
+    tools.write_text(json.dumps([{"type": "function", "function": {"name": "get_weather"}}]))
+    bad_schema.write_text(json.dumps({"type": "objcet"}))
+    # a model that cannot load: the argument's own error proves it was checked first
+    proc = _draftgate("generate", "hi", "--model", "/nonexistent/model.gguf",
+                      *(a.format(tools=tools, bad_schema=bad_schema) for a in args), timeout=120)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert "model_load_error" not in proc.stderr and "Traceback" not in proc.stderr
+
 def test_version_is_the_installed_package_version() -> None:
     import tomllib
 
