@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
+from gateway.auth import AuthError
 from gateway.chat import ClientGone, chat_completions
 from gateway.errors import ApiError, BodyTooLargeError, UnknownModelError, to_api_error
 from gateway.protocol import parse_request
@@ -102,7 +103,12 @@ def create_app(policy: Policy, state: GatewayState | None = None) -> FastAPI:
 
     @app.api_route("/health", methods=["GET", "HEAD"])
     @app.api_route("/healthz", methods=["GET", "HEAD"])
-    async def health() -> dict[str, Any]:
+    async def health(request: Request) -> dict[str, Any]:
+        # open to a load balancer's probe; the routes (upstream model names, queues) only to a key holder
+        try:
+            gateway.keys.check(request.headers.get("authorization"))
+        except AuthError:
+            return {"status": "ok"}
         return {"status": "ok", "models": {
             r.model: ({"route": "local", "queued": gateway.local[r.model].queued} if r.local is not None
                       else {"route": "upstream", "litellm_model": r.upstream.litellm_model if r.upstream else None})

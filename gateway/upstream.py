@@ -112,6 +112,33 @@ def upstream_error(exc: Exception, model: str, timeout_s: float | None = None) -
                                   {"Retry-After": retry_after} if retry_after else {}))
 
 
+# what litellm adds to a provider's answer that OpenAI's never has, or has only when set
+_EXTRA = frozenset({"provider_specific_fields"})
+_UNSET_EXTRA = frozenset({"function_call", "tool_calls", "audio", "reasoning_content", "thinking_blocks"})
+_DETAILS = {"completion_tokens_details": frozenset({"reasoning_tokens", "audio_tokens", "accepted_prediction_tokens",
+                                                   "rejected_prediction_tokens"}),
+            "prompt_tokens_details": frozenset({"cached_tokens", "audio_tokens"})}
+
+
+def openai_shape(body: dict[str, Any]) -> dict[str, Any]:
+    """A completion or chunk from litellm in OpenAI's shape, as a local route answers: without litellm's
+    own fields (`provider_specific_fields`, `text_tokens`) and its nulls for what was never there."""
+    for choice in body.get("choices") or []:
+        for part in (choice, choice.get("message"), choice.get("delta")):
+            if isinstance(part, dict):
+                for key in [k for k, v in part.items() if k in _EXTRA or (k in _UNSET_EXTRA and v is None)]:
+                    del part[key]
+    usage = body.get("usage")
+    if isinstance(usage, dict):
+        for name, known in _DETAILS.items():
+            details = usage.get(name)
+            if isinstance(details, dict):
+                usage[name] = {k: v for k, v in details.items() if k in known}
+            if not usage.get(name):
+                usage.pop(name, None)
+    return body
+
+
 def _litellm() -> Any:
     import litellm
 
@@ -155,7 +182,7 @@ async def complete(route: UpstreamRoute, model: str, messages: list[dict[str, An
         raise upstream_error(exc, model, timeout_s) from exc
     body: dict[str, Any] = response.model_dump()
     body["model"] = model
-    return body
+    return openai_shape(body)
 
 
 async def stream(route: UpstreamRoute, model: str, messages: list[dict[str, Any]],
@@ -180,7 +207,7 @@ async def stream(route: UpstreamRoute, model: str, messages: list[dict[str, Any]
         while pending is not None:
             body: dict[str, Any] = pending.model_dump(exclude_none=True)
             body["model"] = model
-            yield body
+            yield openai_shape(body)
             try:
                 pending = await iterator.__anext__()
             except StopAsyncIteration:

@@ -113,7 +113,9 @@ def test_one_model_is_retrieved_by_id(gateway_url: str) -> None:
 
 def test_health_and_unknown_paths(gateway_url: str) -> None:
     root = gateway_url.removesuffix("/v1")
-    health = httpx.get(f"{root}/health", timeout=10).json()
+    # open to probes without a key, but the routes (upstream model names, queues) only with one
+    assert httpx.get(f"{root}/health", timeout=10).json() == {"status": "ok"}
+    health = httpx.get(f"{root}/health", headers=AUTH, timeout=10).json()
     assert health["status"] == "ok" and health["models"]["smollm2-135m"]["route"] == "local"
     assert httpx.head(f"{root}/health", timeout=10).status_code == 200  # load balancers' probes
     assert httpx.get(f"{root}/openapi.json", timeout=10).status_code == 404  # nothing served outside the API

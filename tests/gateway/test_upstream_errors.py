@@ -87,6 +87,10 @@ def _ask(base: str, model: str, timeout_s: float | None = None) -> UpstreamError
 def test_a_keyless_route_to_an_api_base_is_answered(provider: str) -> None:
     body = _ask(provider, "ok")
     assert isinstance(body, dict) and body["model"] == "remote" and body["choices"][0]["message"]["content"] == "hi"
+    # OpenAI's shape, as a local route answers: none of litellm's own fields or nulls
+    message = {"role": "assistant", "content": "hi"}
+    assert body["choices"][0] == {"index": 0, "finish_reason": "stop", "message": message}
+    assert body["usage"] == {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
     assert Provider.calls == [("ok", f"Bearer {NO_KEY}")]
 
 
@@ -141,6 +145,7 @@ def test_an_error_frame_mid_stream_keeps_the_providers_message_once_and_its_kind
                                                                                  code: str) -> None:
     chunks, exc = _stream_error(provider, model)
     assert [c["choices"][0]["delta"]["content"] for c in chunks] == ["hi"] and chunks[0]["model"] == "remote"
+    assert set(chunks[0]["choices"][0]) == {"index", "delta"}  # no provider_specific_fields
     assert exc is not None and exc.error.code == code
     provider_message = FRAMES[model]["error"]["message"]
     assert exc.error.message.count(provider_message) == 1
