@@ -135,7 +135,7 @@ class Attention(nn.Module):
         qk = apply_rope(qkv[:, : nh + nkv], cos, sin)  # (1, nh + nkv, T, hd)
         q = qk[:, :nh]  # (1, nh, T, hd)
         k, v = self.kv_cache.update(start, qk[:, nh:], qkv[:, nh + nkv :], start + t)  # (1, nkv, start+T, hd)
-        if t == 1 and nh != nkv:
+        if t == 1 and mask is None and nh != nkv:
             # one token: the heads sharing a kv head are that head's queries, so the kernel reads each
             # cached key once instead of once per query head
             y = F.scaled_dot_product_attention(q.reshape(1, nkv, nh // nkv, hd), k, v).reshape(1, nh, 1, hd)

@@ -49,6 +49,25 @@ def test_verify_pass_rows_equal_single_steps_and_rollback_is_free(tiny_model: Ti
     torch.testing.assert_close(after, fresh[5], rtol=1e-10, atol=1e-10)
 
 
+def test_a_one_token_pass_reads_only_what_its_mask_allows(tiny_model: TinyFactory) -> None:
+    # a draft tree's one-row steps pass a mask; a single token without one takes a faster path (grouped
+    # query heads), which must not be taken with one
+    model = tiny_model(vocab_size=50, seed=7).model
+    model.setup_cache(32)
+    model(torch.tensor([0, 8, 13, 21, 5]), 0)  # cache slots 0..4
+    attn = model.blocks[0].attention
+    assert attn.n_heads != attn.n_kv_heads
+    x = torch.randn(1, 1, model.args.dim, generator=torch.Generator().manual_seed(0)).to(model.dtype)  # (1, 1, D)
+    cos, sin = model.rope_cos[5:6], model.rope_sin[5:6]
+    reads = torch.tensor([[True, True, False, True, True, True]])  # slot 2 is not an ancestor
+    one = attn(x, cos, sin, 5, reads)  # (1, 1, D)
+    # the same query twice in a two-row pass (the general path), both rows reading the same slots
+    both = attn(torch.cat([x, x], dim=1), cos.repeat(2, 1), sin.repeat(2, 1), 5,
+                torch.cat([reads, torch.tensor([[False]])], dim=1).repeat(2, 1))  # (1, 2, D)
+    torch.testing.assert_close(one[0, 0], both[0, 1], rtol=1e-10, atol=1e-10)
+    unmasked = attn(x, cos, sin, 5, None)
+    assert not torch.allclose(unmasked, one)  # slot 2 matters: the mask is what the two agree on
+
 def test_context_overflow_is_refused(tiny_model: TinyFactory) -> None:
     model = tiny_model().model
     model.setup_cache(8)
