@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from decoding.constraints.refs import resolve_local
+
 # how deep into tagged properties the proof looks (a tag is normally one level down)
 MAX_DEPTH = 4
 
@@ -37,25 +39,12 @@ def _widen(schema: Any, root: Any) -> Any:
             return schema
         ref = schema.get("$ref")
         if isinstance(ref, str) and ref.startswith("#"):
-            schema = _pointer(root, ref[1:])
+            schema = resolve_local(root, ref, missing=True)  # True: anything
         elif isinstance(schema.get("allOf"), list) and len(schema["allOf"]) == 1 and not _types(schema):
             schema = schema["allOf"][0]
         else:
             return schema
     return schema
-
-
-def _pointer(root: Any, pointer: str) -> Any:
-    # the schema at a JSON pointer; `true` (anything) where it does not resolve
-    node = root
-    for part in [p.replace("~1", "/").replace("~0", "~") for p in pointer.split("/")[1:]]:
-        if isinstance(node, dict):
-            node = node.get(part, True)
-        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
-            node = node[int(part)]
-        else:
-            return True
-    return node
 
 
 def _json_type(value: Any) -> str:

@@ -25,8 +25,8 @@ def _refs(node: Any, path: str = "") -> Iterator[tuple[str, str]]:
 _MISSING = object()
 
 
-def _resolve(schema: Any, ref: str) -> Any:
-    """The sub-schema a local `#/...` pointer names, or _MISSING."""
+def resolve_local(schema: Any, ref: str, missing: Any = _MISSING) -> Any:
+    """The sub-schema a local `#/...` pointer names, or `missing`."""
     node = schema
     for token in ref.removeprefix("#").split("/")[1:] if ref != "#" else []:
         token = token.replace("~1", "/").replace("~0", "~")
@@ -35,7 +35,7 @@ def _resolve(schema: Any, ref: str) -> Any:
         elif isinstance(node, list) and token.isdigit() and int(token) < len(node):
             node = node[int(token)]
         else:
-            return _MISSING
+            return missing
     return node
 
 
@@ -45,7 +45,7 @@ def check_refs(schema: Any) -> None:
         if not ref.startswith("#"):
             raise ConstraintError(f"$ref {ref!r} at {path or '/'}: only references inside the schema "
                                   "('#/$defs/...') can be followed; nothing is fetched")
-        if _resolve(schema, ref) is _MISSING:
+        if resolve_local(schema, ref) is _MISSING:
             raise ConstraintError(f"$ref {ref!r} at {path or '/'} points at nothing in the schema")
 
 
@@ -57,7 +57,7 @@ def recursive_refs(schema: Any) -> list[str]:
 
     def reach(target: str) -> set[str]:
         if target not in inner:
-            inner[target] = {ref for _, ref in _refs(_resolve(schema, target))}
+            inner[target] = {ref for _, ref in _refs(resolve_local(schema, target))}
         return inner[target]
 
     def cyclic(start: str) -> bool:
