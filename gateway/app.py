@@ -50,7 +50,7 @@ def create_app(policy: Policy, state: GatewayState | None = None) -> FastAPI:
 
     # no docs or schema endpoints: everything served is the OpenAI API (behind its keys) and /health
     app = FastAPI(title="draftgate", version="0.1.0", lifespan=lifespan, docs_url=None, redoc_url=None,
-                  openapi_url=None)
+                  openapi_url=None, redirect_slashes=False)
     app.state.gateway = gateway
 
     @app.exception_handler(StarletteHTTPException)
@@ -59,6 +59,7 @@ def create_app(policy: Policy, state: GatewayState | None = None) -> FastAPI:
         return error_response(ApiError(exc.status_code, str(exc.detail), "invalid_request_error", code))
 
     @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions/")  # served, not redirected: a 307's Location names the Host header's host
     async def chat(request: Request) -> Response:
         try:
             return await _chat(request)
@@ -92,6 +93,8 @@ def create_app(policy: Policy, state: GatewayState | None = None) -> FastAPI:
 
     @app.get("/v1/models/{model:path}")  # :path: a model id may hold slashes ("org/name")
     async def model(request: Request, model: str) -> Response:
+        if not model:  # /v1/models/: the list
+            return await models(request)
         try:
             gateway.keys.check(request.headers.get("authorization"))
             route = gateway.policy.route(model)

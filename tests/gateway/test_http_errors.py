@@ -121,6 +121,12 @@ def test_health_and_unknown_paths(gateway_url: str) -> None:
     assert httpx.get(f"{root}/openapi.json", timeout=10).status_code == 404  # nothing served outside the API
     missing = httpx.get(f"{root}/v1/nothing-here", timeout=10)
     assert missing.status_code == 404 and envelope(missing)["code"] == "not_found"
+    # a trailing slash is served, not redirected (a 307's Location would name whatever Host was sent)
+    listed = httpx.get(f"{root}/v1/models/", headers=AUTH, timeout=10)
+    assert listed.status_code == 200 and listed.json()["object"] == "list"
+    slash = httpx.post(f"{root}/v1/chat/completions/", json={**OK, "max_tokens": 1}, headers=AUTH, timeout=120)
+    assert slash.status_code == 200 and slash.json()["object"] == "chat.completion"
+    assert httpx.get(f"{root}/health/", timeout=10).status_code == 404  # no redirect elsewhere either
 
 
 def test_a_full_queue_answers_429_with_retry_after(upstream_url: str) -> None:
