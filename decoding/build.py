@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from decoding.draft_head import DraftHead, is_head_file, load_head
@@ -16,7 +17,7 @@ from decoding.drafters import (
 )
 from decoding.drafters.head_tree import TreeShape
 from decoding.drafts import shipped_draft
-from decoding.errors import ModelLoadError
+from decoding.errors import ModelLoadError, UnknownDrafterError
 from decoding.generate import Engine
 from decoding.loading import EMBEDDED, LoadedModel, check_same_tokenizer, load_model
 
@@ -26,6 +27,13 @@ DRAFTER_NAMES = ("grammar", "ngram", "draft")
 MIN_DRAFT_PEAK = 0.3
 
 Draft = LoadedModel | DraftHead
+
+
+def check_drafter_names(names: Sequence[str]) -> None:
+    """Refuse a drafter name that is not one of DRAFTER_NAMES (before anything loads)."""
+    for name in names:
+        if name not in DRAFTER_NAMES:
+            raise UnknownDrafterError(f"unknown drafter {name!r} (known: {', '.join(DRAFTER_NAMES)})")
 
 
 def load_draft(spec: str | None, target: LoadedModel, dtype: str = "auto") -> Draft | None:
@@ -80,6 +88,7 @@ def build_drafter(names: list[str], target: LoadedModel, draft: Draft | None, ma
     is neither, the draft's chain. A model drafter never continues after other drafters' tokens: it
     would pay one step per token to catch up, and drafts far better once the target has verified them
     (measured: `draftgate bench`, constrained)."""
+    check_drafter_names(names)
     forced: Drafter | None = None
     drafters: list[Drafter] = []
     for name in names:
@@ -92,8 +101,6 @@ def build_drafter(names: list[str], target: LoadedModel, draft: Draft | None, ma
                 raise ModelLoadError(f"drafter 'draft' needs a draft model (none was given, and draftgate "
                                      f"ships none for {target.name!r})")
             drafters.append(draft_drafter(draft, target, max_draft_tokens, tree))
-        else:
-            raise ModelLoadError(f"unknown drafter {name!r} (known: {', '.join(DRAFTER_NAMES)})")
     if forced is not None:
         if drafters and drafters[0].cost_per_token == 0.0:
             drafters[0] = CompositeDrafter([forced, drafters[0]])

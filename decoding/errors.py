@@ -31,6 +31,11 @@ class InvalidRequestError(DecodingError):
     code = "invalid_value"
 
 
+class UnknownDrafterError(InvalidRequestError, ModelLoadError):
+    """A drafter name draftgate does not have: a bad value (400, `invalid_value`) that also means the engine
+    cannot be built as asked."""
+
+
 class ContextLengthError(InvalidRequestError):
     """Prompt plus max tokens exceeds the model's context."""
 

@@ -89,18 +89,27 @@ class OutputPlan:
 
     def finish(self, text: str, finish_reason: str) -> ChatOutput:
         """Check and shape a generation's text: tool calls parsed, JSON validated."""
-        if self.spec is not None and self.calls is not None and finish_reason == "length" \
-                and text.startswith(self.spec.marker):
-            return self._cut_calls(text[len(self.spec.marker):])
-        if self.spec is None or finish_reason != "stop":
+        calls = None  # the call array's text, when the output is tool calls
+        if self.spec is not None and self.calls is not None and text.startswith(self.spec.marker):
+            calls = text[len(self.spec.marker):]
+        if calls is not None and finish_reason == "length":
+            # never the marker syntax as content: cut inside the array, the calls as far as they got (as
+            # OpenAI returns a call cut short); a complete array was cut only before the end the grammar
+            # forces after it, and stands as the calls below
+            try:
+                json.loads(calls)
+            except json.JSONDecodeError:
+                return ChatOutput(None, cut_tool_calls(calls), "length")
+        elif self.spec is None or finish_reason != "stop":
             # cut by max_tokens (or cancelled): incomplete, returned as is with its finish_reason
             return ChatOutput(text, finish_reason=finish_reason)
-        if self.calls is not None and text.startswith(self.spec.marker):
+        if calls is not None:
+            assert self.calls is not None
             try:
-                calls = validate_output(text[len(self.spec.marker):], self.calls)
+                parsed = validate_output(calls, self.calls)
             except ConstraintError as exc:
                 raise OutputValidationError(f"tool call failed validation: {exc}") from exc
-            return ChatOutput(None, tool_calls_from(calls), "tool_calls")
+            return ChatOutput(None, tool_calls_from(parsed), "tool_calls")
         if self.json_schema is not None:
             try:
                 value = validate_output(text, self.json_schema)
@@ -108,22 +117,6 @@ class OutputPlan:
                 raise OutputValidationError(str(exc)) from exc
             return ChatOutput(text, finish_reason="stop", parsed=value)
         return ChatOutput(text, finish_reason="stop")
-
-
-    def _cut_calls(self, text: str) -> ChatOutput:
-        # tool calls cut by max_tokens: never the marker syntax as content. A complete, valid array was
-        # cut only before the end the grammar forces after it: the calls stand. Otherwise the calls as
-        # far as they got, finish_reason "length", as OpenAI returns a call cut short.
-        assert self.calls is not None
-        try:
-            json.loads(text)
-        except json.JSONDecodeError:
-            return ChatOutput(None, cut_tool_calls(text), "length")
-        try:
-            calls = validate_output(text, self.calls)
-        except ConstraintError as exc:
-            raise OutputValidationError(f"tool call failed validation: {exc}") from exc
-        return ChatOutput(None, tool_calls_from(calls), "tool_calls")
 
 
 def _check(schema: dict[str, Any], backend: str, allow_after: bool, where: str) -> list[Unsupported]:

@@ -30,7 +30,7 @@ def _read_json(path: str, what: str) -> object:
 
 
 def _generate(args: argparse.Namespace) -> int:
-    from decoding.build import DRAFTER_NAMES, build_engine
+    from decoding.build import build_engine, check_drafter_names
     from decoding.chat_engine import ChatEngine, ChatRequest, ConstraintOptions
     from decoding.constraints.bounds import Bounds
     from decoding.constraints.spec import could_be_call
@@ -43,9 +43,7 @@ def _generate(args: argparse.Namespace) -> int:
 
     # everything that can be checked without the model is checked before it loads (seconds)
     drafters = tuple(args.drafters) if args.drafters else None
-    unknown = [name for name in drafters or () if name not in DRAFTER_NAMES]
-    if unknown:
-        raise InvalidRequestError(f"unknown drafter {unknown[0]!r} (known: {', '.join(DRAFTER_NAMES)})")
+    check_drafter_names(drafters or ())
     resolve_dtype(args.dtype)
     sampling = SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
     messages = [{"role": "user", "content": args.prompt}]
@@ -65,11 +63,12 @@ def _generate(args: argparse.Namespace) -> int:
     if tool_choice is not None and not tools:
         raise InvalidRequestError("--tool-choice needs --tools")
     parsed_tools = parse_tools(tools)
-    names = [t.name for t in parsed_tools]
-    if isinstance(tool_choice, dict) and args.tool_choice not in names:
+    try:
+        parse_tool_choice(tool_choice, parsed_tools)
+    except UnknownToolError as exc:  # a mode mistyped reads as a tool's name: say both
+        names = ", ".join(t.name for t in parsed_tools)
         raise UnknownToolError(f"--tool-choice {args.tool_choice!r}: none, auto, required or a tool's name "
-                               f"({', '.join(names)})")
-    parse_tool_choice(tool_choice, parsed_tools)
+                               f"({names})") from exc
     structured = bool(tools or args.json_schema or args.json_object)
     engine = build_engine(args.model, drafters, args.draft, args.dtype, args.max_draft_tokens, with_grammar=structured,
                           draft_tree=not args.draft_chain)
