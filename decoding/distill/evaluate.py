@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from decoding.distill.data import Sequence
-from decoding.distill.train import context_extra, head_features, scored_ids, vocab_index
+from decoding.distill.train import bucketed_scores, context_extra, head_features, scored_ids, vocab_index
 from decoding.distill.unroll import unrolled
 from decoding.draft_head import DraftHead
 from decoding.model import Transformer
@@ -33,7 +33,7 @@ def chain_acceptance(head: DraftHead, seq: Sequence, depth: int) -> list[int]:
     ok: list[torch.Tensor] = []  # ok[u][j]: step u is right at pair j (j >= p - 2)
     for u in range(depth):
         predicted = outputs[min(u, steps - 1)][p - 2 :]  # (n - p + 2, D) pairs p-2 .. n-1
-        guess = ids[head.scores(predicted, extra).argmax(-1)]  # (n - p + 2,)
+        guess = ids[bucketed_scores(head, predicted, extra).argmax(-1)]  # (n - p + 2,)
         want = top1  # (n - p + 2,) the target's top-1 at positions p-1 .. n, what pairs p-2 .. n-1 predict
         followed = torch.ones_like(guess, dtype=torch.bool)
         followed[: n - p + 1] = seq.tokens[p:] == want[: n - p + 1]  # the token fed next was that top-1

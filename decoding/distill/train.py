@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from decoding.distill.data import Sequence
-from decoding.distill.unroll import unrolled
+from decoding.distill.unroll import SHAPE_BUCKET, padded, unrolled
 from decoding.draft_head import DraftHead, HeadConfig
 from decoding.loading import cpu_supports_bf16
 
@@ -99,13 +99,23 @@ def head_features(head: DraftHead, seq: Sequence) -> torch.Tensor:
     return seq.features[:, :width].float()
 
 
+def bucketed_scores(head: DraftHead, rows: torch.Tensor, extra: torch.Tensor | None,
+                    bucket: int = SHAPE_BUCKET) -> torch.Tensor:
+    """`head.scores(rows, extra)` (N, Vd + n), computed on rows and extra ids padded to multiples of
+    `bucket`, so the LM-head matmuls take recurring shapes (unroll.SHAPE_BUCKET); the padding is dropped."""
+    n_extra = 0 if extra is None else extra.numel()
+    logits = head.scores(padded(rows, bucket), padded(extra, bucket) if extra is not None and n_extra else extra)
+    return logits[: rows.shape[0], : len(head.vocab) + n_extra]  # (N, Vd + n)
+
+
 def sequence_loss(head: DraftHead, seq: Sequence, config: TrainConfig, index: torch.Tensor,
-                  ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The weighted loss over steps of one sequence, and per-step top-1 agreement with the target."""
+                  bucket: int = SHAPE_BUCKET) -> tuple[torch.Tensor, dict[str, float]]:
+    """The weighted loss over steps of one sequence, and per-step top-1 agreement with the target.
+    `bucket`: the matmuls run on rows padded to a multiple of it (1: unpadded; the loss is the same)."""
     assert seq.features is not None and seq.top_ids is not None and seq.top_probs is not None
     p = seq.prompt_len
     features = head_features(head, seq)  # (T, F)
-    outputs = unrolled(head, seq.tokens, features if head.uses_features else None, config.steps)
+    outputs = unrolled(head, seq.tokens, features if head.uses_features else None, config.steps, bucket)
     total = torch.zeros(())
     weight_sum = 0.0
     metrics: dict[str, float] = {}
@@ -125,7 +135,7 @@ def sequence_loss(head: DraftHead, seq: Sequence, config: TrainConfig, index: to
         top_ids = seq.top_ids[u + 1 :].long()  # (N, K)
         top_probs = seq.top_probs[u + 1 :].float()  # (N, K)
         row_w = weights[u:] / weights[u:].sum()  # (N,)
-        logq = F.log_softmax(head.scores(rows, extra).float(), dim=-1)  # (N, Vd + n_extra)
+        logq = F.log_softmax(bucketed_scores(head, rows, extra, bucket).float(), dim=-1)  # (N, Vd + n_extra)
         sub = index[top_ids]  # (N, K) rows in the head's vocabulary, -1 outside
         target = top_probs * (sub >= 0)
         target = target / target.sum(-1, keepdim=True).clamp_min(1e-6)

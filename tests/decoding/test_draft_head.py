@@ -13,7 +13,7 @@ from decoding.build import MIN_DRAFT_PEAK, build_drafter, load_draft
 from decoding.copy_hints import sequence_hints
 from decoding.distill.data import draft_vocabulary
 from decoding.distill.evaluate import chain_acceptance
-from decoding.distill.train import TrainConfig, head_features, sequence_loss, train, vocab_index
+from decoding.distill.train import TrainConfig, context_extra, head_features, sequence_loss, train, vocab_index
 from decoding.distill.unroll import step_mask, unrolled
 from decoding.draft_head import DraftHead, HeadConfig, is_head_file, load_head, save_head
 from decoding.drafters import CompositeDrafter, FallbackDrafter, GrammarForcedDrafter, HeadDrafter, NgramDrafter
@@ -84,6 +84,39 @@ def test_a_few_training_steps_lower_the_distillation_loss(tiny_model: TinyFactor
     assert after < 0.7 * before, f"{design}: loss {before:.3f} -> {after:.3f}"
     accepted = sum(sum(chain_acceptance(head, s, 4)) for s in sequences)
     assert accepted > 0
+
+
+@pytest.mark.parametrize("design", ["eagle", "eagle3", "tokens", "eagle+copy"])
+def test_padding_to_a_recurring_shape_changes_neither_loss_nor_gradients(tiny_model: TinyFactory,
+                                                                         design: str) -> None:
+    """Training pads each sequence (and the context tokens a head scores) to a multiple of a bucket, for
+    matmul shapes that recur: the loss, the agreement and every gradient are those of the sequence alone."""
+    target = tiny_model(vocab_size=16, dtype=torch.float32, seed=2)
+    sequences = tiny_sequences(target, 4, new_tokens=13)
+    vocab, _ = draft_vocabulary(sequences, 12, 16)  # a head vocabulary that leaves context tokens outside
+    head = head_for(target, design, vocab)
+    config = config_for(target, design, steps=3 if design != "tokens" else 1)
+    index = vocab_index(head)
+    seq = sequences[0]
+    assert (len(seq.tokens) - 1) % 8 != 0, "the sequence must need padding"
+    if design == "eagle+copy":
+        extra = context_extra(head, index, seq.tokens)
+        assert extra is not None and 0 < extra.numel() < 8, "the context tokens outside must need padding too"
+    results = []
+    for bucket in (1, 8):
+        head.zero_grad(set_to_none=True)
+        loss, metrics = sequence_loss(head, seq, config, index, bucket)
+        loss.backward()
+        grads = {name: p.grad.clone() for name, p in head.named_parameters() if p.grad is not None}
+        results.append((loss.detach(), metrics, grads))
+    (loss1, metrics1, grads1), (loss8, metrics8, grads8) = results
+    torch.testing.assert_close(loss8, loss1, rtol=1e-5, atol=1e-6)
+    assert metrics8.keys() == metrics1.keys()
+    for key, value in metrics1.items():
+        assert metrics8[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+    assert grads8.keys() == grads1.keys() and grads1
+    for name, grad in grads1.items():
+        torch.testing.assert_close(grads8[name], grad, rtol=1e-4, atol=1e-6, msg=name)
 
 
 def test_training_resumes_from_its_checkpoint(tiny_model: TinyFactory, tmp_path: Path) -> None:
