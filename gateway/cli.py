@@ -183,6 +183,8 @@ def _distill(args: argparse.Namespace) -> int:
             raise UsageError(f"--evaluate {head}: no such file")
         if read_metadata(Path(head)) is None:
             raise UsageError(f"--evaluate {head}: not a draftgate draft head")
+    if args.rounds < 1:
+        raise UsageError(f"--rounds: must be at least 1, got {args.rounds}")
     _check_writable(args.out)
     _check_writable(args.data)  # read if there, else built and written there
     target = load_model(args.model, args.dtype)
@@ -197,7 +199,7 @@ def _distill(args: argparse.Namespace) -> int:
             raise SystemExit(f"--feature-layers {beyond}: the target has blocks 0 .. {target.model.args.n_layers - 1}")
     data = DataConfig(seed=args.seed, stage_one=args.stage_one, stage_two=args.stage_two,
                       agent_prompts=args.agent_prompts, max_new_tokens=args.max_new_tokens,
-                      text_sequences=args.text_sequences, feature_layers=taps)
+                      text_sequences=args.text_sequences, feature_layers=taps, rounds=args.rounds)
     config = TrainConfig(design=args.design, n_layers=args.layers, steps=args.steps if args.design != "tokens" else 1,
                          vocab_size=args.vocab_size, lr=args.lr, epochs=args.epochs, minutes=args.minutes,
                          seed=args.seed, tokens_per_update=args.tokens_per_update, prompt_weight=args.prompt_weight,
@@ -349,6 +351,9 @@ def build_parser() -> argparse.ArgumentParser:
     dist.add_argument("--stage-two", type=int, default=320, help="prompts built on those answers")
     dist.add_argument("--agent-prompts", type=int, default=400,
                       help="agent-shaped prompts (tools in the system prompt, structured copy, summaries, chat)")
+    dist.add_argument("--rounds", type=int, default=1,
+                      help="prompt rounds: each draws every prompt afresh (seed, seed + 1, ...) and is generated "
+                           "and cached on its own, so more rounds reuse the ones made before (~30 min a round)")
     dist.add_argument("--text-sequences", type=int, default=480,
                       help="standard-library docs and code read by the target (teacher-forced)")
     dist.add_argument("--prompt-weight", type=float, default=0.3, help="loss weight of prompt positions")

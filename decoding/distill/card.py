@@ -24,11 +24,14 @@ def card_markdown(card: dict[str, Any], title: str) -> str:
         f"- data: {data['sequences']} sequences ({data['train_sequences']} train, {data['held_out_sequences']} "
         f"held out), the target's own generations on prompts written by the project (categories: "
         f"{', '.join(data['categories'])}); {data['train_generated_tokens']} generated training tokens; "
-        f"{data['stage_one']} + {data['stage_two']} prompts"
+        + (f"{data['rounds']} rounds of " if data.get("rounds", 1) > 1 else "")
+        + f"{data['stage_one']} + {data['stage_two']} prompts"
         + (f" + {data['agent_prompts']} agent-shaped ones (tools in the system prompt, structured copy, "
            "summaries, chat)" if data.get("agent_prompts") else "")
         + f", up to {data['max_new_tokens']} new tokens each, "
-        f"{data['sampled_share']:.0%} sampled at T=0.7, seed {data['seed']}"
+        f"{data['sampled_share']:.0%} sampled at T=0.7, "
+        + (f"seeds {data['seed']} .. {data['seed'] + data['rounds'] - 1} (one per round)" if data.get("rounds", 1) > 1
+           else f"seed {data['seed']}")
         + (f"; plus {data['text_sequences']} standard-library texts (docs and code) read by the target as "
            f"assistant turns (categories doc, code), prompt positions weighted {training.get('prompt_weight', 1)}"
            if data.get("text_sequences") else ""),

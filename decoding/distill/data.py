@@ -41,6 +41,13 @@ class DataConfig:
     text_sequences: int = 480  # standard-library text as assistant turns (teacher-forced, not generated)
     agent_prompts: int = 400  # agent-shaped prompts (agent_prompts.py), generated with stage one
     feature_layers: tuple[int, ...] = ()  # target blocks stored after the final state (for eagle3 heads)
+    # prompt rounds: round r draws every prompt afresh with seed + r and is generated, teacher-forced and
+    # cached on its own (cache.py), so a run with more rounds reuses the rounds made before
+    rounds: int = 1
+
+    def __post_init__(self) -> None:
+        if self.rounds < 1:
+            raise ValueError(f"rounds must be >= 1, got {self.rounds}")
 
     def generation_key(self) -> dict[str, int | float]:
         """The fields the (slow) generated part depends on: a cache of it outlives changes to the rest."""

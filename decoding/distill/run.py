@@ -39,7 +39,7 @@ def distill(target: LoadedModel, out: Path, data: DataConfig, config: TrainConfi
             data_file: Path | None = None, progress: bool = True) -> dict[str, Any]:
     """Train a draft head for `target` and write it to `out`; returns the model card written with it."""
     started = time.perf_counter()
-    sequences, data_path = prepare_data(target, data, data_file)
+    sequences, data_files = prepare_data(target, data, data_file)
     train_set, held_out = split(sequences, config.eval_share, config.seed)
     vocab, coverage = draft_vocabulary(train_set, config.vocab_size, target.model.args.vocab_size)
     head = attach_target(new_head(target.model.args, config, vocab, config.seed), target, torch.float32)
@@ -56,7 +56,7 @@ def distill(target: LoadedModel, out: Path, data: DataConfig, config: TrainConfi
         "vocabulary": {"size": len(vocab), "coverage_of_generated_tokens": round(coverage, 4)},
         "data": {**asdict(data), "sequences": len(sequences), "train_sequences": len(train_set),
                  "held_out_sequences": len(held_out), "train_generated_tokens": generated,
-                 "categories": sorted({s.category for s in sequences}), "file": data_path.name},
+                 "categories": sorted({s.category for s in sequences}), "files": [f.name for f in data_files]},
         "training": {**asdict(config), "updates": state.update, "planned_updates": state.total_updates,
                      "train_wall_s": round(state.elapsed_s, 1),
                      "final": state.history[-1] if state.history else {}},

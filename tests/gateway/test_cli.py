@@ -71,6 +71,7 @@ def test_bench_refuses_what_cannot_work_before_running(tmp_path: Path, args: tup
     (("--evaluate", "/nonexistent.safetensors"), "--evaluate /nonexistent.safetensors: no such file"),
     (("--evaluate", "{not_a_head}"), "not a draftgate draft head"),
     (("--out", "/nonexistent/dir/head.safetensors"), "cannot write /nonexistent/dir/head.safetensors: no directory"),
+    (("--rounds", "0"), "--rounds: must be at least 1, got 0"),
 ])
 def test_distill_refuses_what_cannot_work_before_running(tmp_path: Path, args: tuple[str, ...], message: str) -> None:
     not_a_head = tmp_path / "notes.safetensors"
