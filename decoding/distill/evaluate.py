@@ -53,7 +53,6 @@ def chain_acceptance(head: DraftHead, seq: Sequence, depth: int) -> list[int]:
 def evaluate(head: DraftHead, held_out: list[Sequence], depth: int = 8) -> dict[str, Any]:
     """Mean accepted drafts per chain and mean acceptance length (1 + accepted), overall and per category."""
     head.eval()
-    head.setup_cache(max(len(s.tokens) for s in held_out))
     by_category: dict[str, list[int]] = defaultdict(list)
     for seq in held_out:
         by_category[seq.category] += chain_acceptance(head, seq, depth)

@@ -198,7 +198,6 @@ def train(head: DraftHead, sequences: list[Sequence], config: TrainConfig, check
     ends this call after that many updates (the schedule is unchanged, so a resume continues it)."""
     assert head.lm_head is not None, "attach() the target first"
     head.train()
-    head.setup_cache(max(len(s.tokens) for s in sequences))
     params = [p for name, p in head.named_parameters() if not name.startswith("lm_head.")]
     optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay, betas=(0.9, 0.95))
     state = TrainState()
