@@ -7,6 +7,7 @@ import hashlib
 import logging
 import os
 import re
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -128,12 +129,24 @@ def load_tokenizer(path: Path, gguf_file: str | None = None) -> Tokenizer:
         hf = AutoTokenizer.from_pretrained(path, gguf_file=gguf_file, local_files_only=True)
     except (OSError, ValueError, KeyError) as exc:
         raise ModelLoadError(f"{gguf_path}: no usable tokenizer ({exc})") from exc
-    try:
-        cached.mkdir(parents=True, exist_ok=True)
-        hf.save_pretrained(cached)
-    except OSError as exc:  # a read-only home is no reason to fail
-        log.warning("could not cache the tokenizer in %s: %s", cached, exc)
+    _cache_tokenizer(hf, cached)
     return Tokenizer(hf, str(gguf_path))
+
+
+def _cache_tokenizer(hf: Any, cached: Path) -> None:
+    """Save into a directory of this process's own, then rename it into place: a process that starts
+    beside this one (two servers, two test workers) finds the whole tokenizer or none of it."""
+    tmp = cached.with_name(f".{cached.name}.{os.getpid()}.tmp")
+    try:
+        tmp.mkdir(parents=True, exist_ok=True)
+        hf.save_pretrained(tmp)
+        if cached.exists() and not (cached / "tokenizer.json").exists():  # left by an interrupted older run
+            shutil.rmtree(cached)
+        tmp.rename(cached)
+    except OSError as exc:  # a read-only home is no reason to fail; losing the rename to another process none
+        if not (cached / "tokenizer.json").exists():  # to warn about
+            log.warning("could not cache the tokenizer in %s: %s", cached, exc)
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 class IncrementalDetokenizer:
