@@ -24,7 +24,9 @@ log = logging.getLogger(__name__)
 
 
 def checkpoint_path(target: LoadedModel, data: DataConfig, config: TrainConfig) -> Path:
-    key = json.dumps({"target": target.name, "data": asdict(data), "train": asdict(config)}, sort_keys=True)
+    """Keyed by everything the weights depend on; not the time limit, which a resume may raise."""
+    train = {k: v for k, v in asdict(config).items() if k != "minutes"}
+    key = json.dumps({"target": target.name, "data": asdict(data), "train": train}, sort_keys=True)
     return cache_root() / "distill" / f"{config.design}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.ckpt"
 
 

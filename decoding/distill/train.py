@@ -210,6 +210,8 @@ def train(head: DraftHead, sequences: list[Sequence], config: TrainConfig, check
         state = TrainState(**saved["state"])
         torch.set_rng_state(saved["rng"])
         log.info("resumed from %s at update %d", checkpoint, state.update)
+    elif resume:
+        log.warning("no checkpoint of this configuration to resume from (%s): training from the start", checkpoint)
     per_epoch = len(_batches(sequences, config.tokens_per_update, random.Random(0)))
     state.total_updates = max(1, int(per_epoch * config.epochs))
     index = vocab_index(head)
