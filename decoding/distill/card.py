@@ -38,7 +38,9 @@ def card_markdown(card: dict[str, Any], title: str) -> str:
         f"- training: {training['updates']} updates of ~{training['tokens_per_update']} tokens "
         f"({training['planned_updates']} planned, {training['epochs']} epochs), {training['steps']} unrolled "
         f"step(s), AdamW lr {training['lr']}, {training['train_wall_s'] / 60:.1f} min on this CPU; "
-        f"whole run {card['total_wall_s'] / 60:.1f} min",
+        f"whole run {card['total_wall_s'] / 60:.1f} min"
+        + (f" (the last process's: it resumed at update {training['resumed_at_update']}; the training time counts "
+           "every process)" if training.get("resumed_at_update") is not None else ""),
         f"- cost: one draft step {cost['draft_step_ms']} ms vs one target step {cost['target_step_ms']} ms "
         f"(**{cost['relative_cost']:.1%}**)",
         "",

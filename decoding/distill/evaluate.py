@@ -3,6 +3,7 @@ accepted, per category, and what one draft step costs next to one target step.""
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections import defaultdict
 from typing import Any
@@ -69,22 +70,26 @@ def evaluate(head: DraftHead, held_out: list[Sequence], depth: int = 8) -> dict[
 
 @torch.inference_mode()
 def step_cost(head: DraftHead, target: Transformer, repeats: int = 50) -> dict[str, float]:
-    """Milliseconds of one single-token draft step and one target decode step, and their ratio."""
+    """Milliseconds of one single-token draft step and one target decode step, and their ratio: medians
+    of calls taken in turn, so that a drift of the machine's speed moves both alike."""
     head.setup_cache(64)
     target.setup_cache(64)
     feature = torch.zeros(1, head.config.dim)
     token = torch.tensor([1])
 
-    def timed(fn: Any) -> float:
-        for _ in range(5):
-            fn()
-        started = time.perf_counter()
-        for _ in range(repeats):
-            fn()
-        return (time.perf_counter() - started) / repeats * 1000
+    def draft() -> Any:
+        return head.step(token, feature if head.uses_features else None, 10, hints=torch.zeros(1, 2, dtype=torch.int64))
 
-    draft_ms = timed(lambda: head.step(token, feature if head.uses_features else None, 10,
-                                    hints=torch.zeros(1, 2, dtype=torch.int64)))
-    target_ms = timed(lambda: target(token, 10))
+    def step() -> Any:
+        return target(token, 10)
+
+    times: dict[Any, list[float]] = {draft: [], step: []}
+    for i in range(5 + repeats):
+        for fn, taken in times.items():
+            started = time.perf_counter()
+            fn()
+            if i >= 5:  # the first calls warm up
+                taken.append((time.perf_counter() - started) * 1000)
+    draft_ms, target_ms = (statistics.median(t) for t in times.values())
     return {"draft_step_ms": round(draft_ms, 3), "target_step_ms": round(target_ms, 3),
             "relative_cost": round(draft_ms / target_ms, 4)}

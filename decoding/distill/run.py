@@ -60,7 +60,7 @@ def distill(target: LoadedModel, out: Path, data: DataConfig, config: TrainConfi
                  "held_out_sequences": len(held_out), "train_generated_tokens": generated,
                  "categories": sorted({s.category for s in sequences}), "files": [f.name for f in data_files]},
         "training": {**asdict(config), "updates": state.update, "planned_updates": state.total_updates,
-                     "train_wall_s": round(state.elapsed_s, 1),
+                     "train_wall_s": round(state.elapsed_s, 1), "resumed_at_update": state.resumed_at,
                      "final": state.history[-1] if state.history else {}},
         "held_out": quality,
         "cost": cost,

@@ -42,7 +42,7 @@ class TrainConfig:
     prompt_weight: float = 0.3  # loss weight of pairs inside the prompt, against 1 for the reply
     step_decay: float = 0.8  # loss weight of step u: decay ** u
     epochs: float = 8.0
-    minutes: float = 60.0  # wall-time limit of this run (the schedule assumes `epochs`)
+    minutes: float = 60.0  # wall-time limit of the training, resumes included (the schedule assumes `epochs`)
     seed: int = 0
     bf16_autocast: bool = True  # matmuls in bf16 where the CPU has it (~1.7x faster here), weights in float32
     eval_share: float = 0.06
@@ -55,6 +55,7 @@ class TrainState:
     total_updates: int = 0
     elapsed_s: float = 0.0
     history: list[dict[str, float]] = field(default_factory=list)
+    resumed_at: int | None = None  # the update this process resumed at, if it did
 
 
 def split(sequences: list[Sequence], share: float, seed: int) -> tuple[list[Sequence], list[Sequence]]:
@@ -207,7 +208,7 @@ def train(head: DraftHead, sequences: list[Sequence], config: TrainConfig, check
             raise ValueError(f"{checkpoint}: was written with another training config; start afresh or match it")
         head.load_state_dict(saved["head"], strict=False)
         optimizer.load_state_dict(saved["optimizer"])
-        state = TrainState(**saved["state"])
+        state = TrainState(**{**saved["state"], "resumed_at": saved["state"]["update"]})
         torch.set_rng_state(saved["rng"])
         log.info("resumed from %s at update %d", checkpoint, state.update)
     elif resume:

@@ -128,13 +128,13 @@ def test_training_resumes_from_its_checkpoint(tiny_model: TinyFactory, tmp_path:
     done = train(whole, sequences, config, progress=False)
     ckpt = tmp_path / "head.ckpt"
     first = train(head_for(target, "eagle"), sequences, config, ckpt, progress=False, stop_after=5)
-    assert first.update == 5 < done.update
+    assert first.update == 5 < done.update and first.resumed_at is None
     with pytest.raises(ValueError, match="another training config"):
         train(head_for(target, "eagle"), sequences, TrainConfig(**{**config.__dict__, "lr": 1e-3}), ckpt,
               resume=True, progress=False)
     resumed = head_for(target, "eagle", seed=1)  # other initial weights: the checkpoint must replace them
     second = train(resumed, sequences, config, ckpt, resume=True, progress=False)
-    assert second.update == done.update and len(second.history) == len(done.history)
+    assert second.update == done.update and len(second.history) == len(done.history) and second.resumed_at == 5
     for key, value in whole.head_state().items():
         torch.testing.assert_close(resumed.head_state()[key], value, rtol=1e-5, atol=1e-6)
 

@@ -34,3 +34,15 @@ def test_shipped_draft_is_accepted_and_greedy_output_is_unchanged(embedded_model
     plain = engine.complete(prompt, GenerationConfig(max_new_tokens=32, speculative=False))
     assert spec.token_ids == plain.token_ids
     assert spec.stats.accepted_tokens > 0 and spec.stats.target_passes < plain.stats.target_passes
+
+
+def test_the_model_card_beside_the_weights_is_the_card_inside_them() -> None:
+    from decoding.distill.card import card_markdown
+
+    path = shipped_draft("smollm2-135m")
+    assert path is not None
+    card = card_of(path)
+    title = f"Draft head for {card['target']} ({card['design']})"
+    assert path.with_suffix(".md").read_text() == card_markdown(card, title)  # as `draftgate distill` writes it
+    resumed = {**card, "training": {**card["training"], "resumed_at_update": 1200}}
+    assert "resumed at update 1200" in card_markdown(resumed, title)
