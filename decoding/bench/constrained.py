@@ -30,7 +30,7 @@ from decoding.loading import LoadedModel
 from decoding.stats import SpecStats
 
 BOUNDS = Bounds(string_length=64, digits=12)
-OUTLINES_COMPILE_TIMEOUT_S = 30.0
+OUTLINES_COMPILE_TIMEOUT_S = 60.0  # as served: the policy's default `constraints.compile_timeout_s`
 
 
 def load_requests(quick: bool, max_new_tokens: int) -> list[tuple[str, ChatRequest]]:
@@ -127,7 +127,7 @@ class CompileTimes:
 class ConstrainedReport:
     rows: list[ConstrainedRow]
     compile_times: list[CompileTimes]
-    failures: list[str]  # "backend config id: reason" for each output that was not complete and valid
+    failures: list[str]  # "backend config id: reason" for each output that was not complete and valid, or not run
 
     def table(self) -> str:
         head = (f"{'backend':9} {'config':16} {'tok/s':>7} {'speedup':>7} {'decode':>7} {'speedup':>7} {'valid':>7} "
@@ -161,10 +161,11 @@ def _drafters(target: LoadedModel, draft: Draft | None) -> Drafter:
     return drafter
 
 
-def measure_compile(target: LoadedModel, backend: str, quick: bool) -> CompileTimes:
+def measure_compile(target: LoadedModel, backend: str, quick: bool,
+                    compile_timeout_s: float = OUTLINES_COMPILE_TIMEOUT_S) -> CompileTimes:
     """Compile every corpus schema (bounded as served) with a fresh backend: no cache hits."""
     times = CompileTimes(backend)
-    compiler = make_backend(backend, target.tokenizer, compile_timeout_s=OUTLINES_COMPILE_TIMEOUT_S)
+    compiler = make_backend(backend, target.tokenizer, compile_timeout_s=compile_timeout_s)
     entries = load_corpus()[:8] if quick else load_corpus()
     for entry in tqdm(entries, desc=f"compile {backend}", unit="schema"):
         started = time.perf_counter()
@@ -178,7 +179,8 @@ def measure_compile(target: LoadedModel, backend: str, quick: bool) -> CompileTi
 
 
 def run_constrained(target: LoadedModel, draft: Draft | None, quick: bool, max_new_tokens: int,
-                    backends: tuple[str, ...] = BACKENDS) -> ConstrainedReport:
+                    backends: tuple[str, ...] = BACKENDS,
+                    compile_timeout_s: float = OUTLINES_COMPILE_TIMEOUT_S) -> ConstrainedReport:
     requests = load_requests(quick, max_new_tokens)
     spec_name = "grammar+ngram" + ("+draft" if draft is not None else "")
     engines = {"target-only": Engine(target), spec_name: Engine(target, _drafters(target, draft))}
@@ -186,9 +188,17 @@ def run_constrained(target: LoadedModel, draft: Draft | None, quick: bool, max_n
     failures: list[str] = []
     compile_times = []
     for backend in backends:
-        options = ConstraintOptions(backend=backend, bounds=BOUNDS, compile_timeout_s=OUTLINES_COMPILE_TIMEOUT_S)
+        options = ConstraintOptions(backend=backend, bounds=BOUNDS, compile_timeout_s=compile_timeout_s)
         chat = ChatEngine(engines["target-only"], options)
-        prepared: dict[str, PreparedChat] = {rid: chat.prepare(req) for rid, req in requests}  # compiles once
+        prepared: dict[str, PreparedChat] = {}
+        for rid, req in requests:  # compiles once per request
+            try:
+                prepared[rid] = chat.prepare(req)
+            except CompileTimeoutError as exc:  # reported with the outputs; the rest of the run goes on
+                failures.append(f"{backend} {rid}: not run, its grammar did not compile ({exc})")
+        if not prepared:
+            compile_times.append(measure_compile(target, backend, quick, compile_timeout_s))
+            continue
         warm = next(iter(prepared.values()))
         for engine in engines.values():  # warm-up: first calls allocate caches and pick kernels
             replace(warm, engine=engine, config=replace(warm.config, max_new_tokens=8)).start().close()
@@ -220,5 +230,5 @@ def run_constrained(target: LoadedModel, draft: Draft | None, quick: bool, max_n
             row.baseline_tokens_per_s = base.tokens_per_s
             row.baseline_decode_tokens_per_s = base.decode_tokens_per_s
             rows.append(row)
-        compile_times.append(measure_compile(target, backend, quick))
+        compile_times.append(measure_compile(target, backend, quick, compile_timeout_s))
     return ConstrainedReport(rows, compile_times, failures)
