@@ -7,6 +7,8 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if os.environ.get("PYTEST_XDIST_WORKER"):  # scripts/test.sh runs two workers on two cores: one thread
+    os.environ["OMP_NUM_THREADS"] = "1"  # each, and for the `draftgate serve` processes they start
 
 from collections.abc import Callable
 
@@ -17,7 +19,7 @@ from decoding.loading import LoadedModel
 from decoding.model import ModelArgs, Transformer
 from decoding.tokenizer import Tokenizer
 
-torch.set_num_threads(min(2, torch.get_num_threads()))
+torch.set_num_threads(1 if os.environ.get("PYTEST_XDIST_WORKER") else min(2, torch.get_num_threads()))
 
 
 def word_tokenizer(vocab_size: int) -> Tokenizer:
