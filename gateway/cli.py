@@ -342,7 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
     dist.add_argument("--layers", type=int, default=1, help="decoder layers in the head")
     dist.add_argument("--steps", type=int, default=3, help="unrolled draft steps per training sequence (eagle)")
     dist.add_argument("--vocab-size", type=int, default=8192, help="tokens the head can emit")
-    dist.add_argument("--epochs", type=float, default=2.0)
+    dist.add_argument("--epochs", type=float, default=4.0)
     dist.add_argument("--minutes", type=float, default=75.0, help="wall-time limit of the training")
     dist.add_argument("--lr", type=float, default=2e-3)
     dist.add_argument("--tokens-per-update", type=int, default=1024, help="tokens per optimiser step")
@@ -351,7 +351,7 @@ def build_parser() -> argparse.ArgumentParser:
     dist.add_argument("--stage-two", type=int, default=320, help="prompts built on those answers")
     dist.add_argument("--agent-prompts", type=int, default=400,
                       help="agent-shaped prompts (tools in the system prompt, structured copy, summaries, chat)")
-    dist.add_argument("--rounds", type=int, default=3,
+    dist.add_argument("--rounds", type=int, default=2,
                       help="prompt rounds: each draws every prompt afresh (seed, seed + 1, ...) and is generated "
                            "and cached on its own, so more rounds reuse the ones made before (~30 min a round)")
     dist.add_argument("--text-sequences", type=int, default=480,
