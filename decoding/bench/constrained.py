@@ -178,6 +178,43 @@ def measure_compile(target: LoadedModel, backend: str, quick: bool,
     return times
 
 
+def _run_requests(backend: str, engines: dict[str, Engine], prepared: dict[str, PreparedChat],
+                  failures: list[str]) -> list[ConstrainedRow]:
+    """Every prepared request through every engine: one row per engine; outputs that are not complete
+    and valid go to `failures`."""
+    warm = next(iter(prepared.values()))
+    for engine in engines.values():  # warm-up: first calls allocate caches and pick kernels
+        replace(warm, engine=engine, config=replace(warm.config, max_new_tokens=8)).start().close()
+    by_name = {name: ConstrainedRow(backend, name) for name in engines}
+    outputs: dict[tuple[str, str], list[int]] = {}
+    for rid, job in tqdm(prepared.items(), desc=f"constrained {backend}", unit="request"):
+        for name, engine in engines.items():
+            started = time.perf_counter()
+            result = replace(job, engine=engine).start().result
+            seconds = time.perf_counter() - started
+            row = by_name[name]
+            row.tokens += result.completion_tokens
+            row.seconds += seconds
+            row.decode_seconds += result.decode_s
+            row.stats.merge(result.stats)
+            row.requests += 1
+            outputs[(name, rid)] = result.token_ids
+            try:
+                out = job.finish(result)
+                if out.finish_reason == "length":
+                    raise ConstraintError(f"cut by max_tokens: ...{result.text[-60:]!r}")
+                row.valid += 1
+            except ConstraintError as exc:
+                failures.append(f"{backend} {name} {rid}: {exc}")
+            if outputs[(name, rid)] == outputs[("target-only", rid)]:
+                row.identical += 1
+    base = by_name["target-only"]
+    for row in by_name.values():
+        row.baseline_tokens_per_s = base.tokens_per_s
+        row.baseline_decode_tokens_per_s = base.decode_tokens_per_s
+    return list(by_name.values())
+
+
 def run_constrained(target: LoadedModel, draft: Draft | None, quick: bool, max_new_tokens: int,
                     backends: tuple[str, ...] = BACKENDS,
                     compile_timeout_s: float = OUTLINES_COMPILE_TIMEOUT_S) -> ConstrainedReport:
@@ -196,39 +233,7 @@ def run_constrained(target: LoadedModel, draft: Draft | None, quick: bool, max_n
                 prepared[rid] = chat.prepare(req)
             except CompileTimeoutError as exc:  # reported with the outputs; the rest of the run goes on
                 failures.append(f"{backend} {rid}: not run, its grammar did not compile ({exc})")
-        if not prepared:
-            compile_times.append(measure_compile(target, backend, quick, compile_timeout_s))
-            continue
-        warm = next(iter(prepared.values()))
-        for engine in engines.values():  # warm-up: first calls allocate caches and pick kernels
-            replace(warm, engine=engine, config=replace(warm.config, max_new_tokens=8)).start().close()
-        by_name = {name: ConstrainedRow(backend, name) for name in engines}
-        outputs: dict[tuple[str, str], list[int]] = {}
-        for rid, job in tqdm(prepared.items(), desc=f"constrained {backend}", unit="request"):
-            for name, engine in engines.items():
-                started = time.perf_counter()
-                result = replace(job, engine=engine).start().result
-                seconds = time.perf_counter() - started
-                row = by_name[name]
-                row.tokens += result.completion_tokens
-                row.seconds += seconds
-                row.decode_seconds += result.decode_s
-                row.stats.merge(result.stats)
-                row.requests += 1
-                outputs[(name, rid)] = result.token_ids
-                try:
-                    out = job.finish(result)
-                    if out.finish_reason == "length":
-                        raise ConstraintError(f"cut by max_tokens: ...{result.text[-60:]!r}")
-                    row.valid += 1
-                except ConstraintError as exc:
-                    failures.append(f"{backend} {name} {rid}: {exc}")
-                if outputs[(name, rid)] == outputs[("target-only", rid)]:
-                    row.identical += 1
-        base = by_name["target-only"]
-        for row in by_name.values():
-            row.baseline_tokens_per_s = base.tokens_per_s
-            row.baseline_decode_tokens_per_s = base.decode_tokens_per_s
-            rows.append(row)
+        if prepared:
+            rows += _run_requests(backend, engines, prepared, failures)
         compile_times.append(measure_compile(target, backend, quick, compile_timeout_s))
     return ConstrainedReport(rows, compile_times, failures)

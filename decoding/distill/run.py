@@ -15,7 +15,7 @@ import torch
 from decoding.distill.cache import prepare_data
 from decoding.distill.data import DataConfig, draft_vocabulary
 from decoding.distill.evaluate import evaluate, step_cost
-from decoding.distill.train import TrainConfig, new_head, split, train
+from decoding.distill.train import TrainConfig, new_head, split, train, weights_fields
 from decoding.draft_head import DraftHead, save_head
 from decoding.loading import LoadedModel
 from decoding.tokenizer import cache_root
@@ -24,9 +24,8 @@ log = logging.getLogger(__name__)
 
 
 def checkpoint_path(target: LoadedModel, data: DataConfig, config: TrainConfig) -> Path:
-    """Keyed by everything the weights depend on; not the time limit, which a resume may raise."""
-    train = {k: v for k, v in asdict(config).items() if k != "minutes"}
-    key = json.dumps({"target": target.name, "data": asdict(data), "train": train}, sort_keys=True)
+    key = json.dumps({"target": target.name, "data": asdict(data), "train": weights_fields(asdict(config))},
+                     sort_keys=True)
     return cache_root() / "distill" / f"{config.design}-{hashlib.sha256(key.encode()).hexdigest()[:16]}.ckpt"
 
 

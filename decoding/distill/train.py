@@ -49,6 +49,12 @@ class TrainConfig:
     checkpoint_every_s: float = 300.0
 
 
+def weights_fields(config: dict[str, Any]) -> dict[str, Any]:
+    """A training config's fields that the weights depend on: all but the time limit, which a resume may
+    raise (the checkpoint's name and the resume check both go by these)."""
+    return {k: v for k, v in config.items() if k != "minutes"}
+
+
 @dataclass
 class TrainState:
     update: int = 0
@@ -204,7 +210,7 @@ def train(head: DraftHead, sequences: list[Sequence], config: TrainConfig, check
     state = TrainState()
     if resume and checkpoint is not None and checkpoint.is_file():
         saved = torch.load(checkpoint, weights_only=False)
-        if {**saved["config"], "minutes": config.minutes} != asdict(config):  # a resume may change the time limit
+        if weights_fields(saved["config"]) != weights_fields(asdict(config)):
             raise ValueError(f"{checkpoint}: was written with another training config; start afresh or match it")
         head.load_state_dict(saved["head"], strict=False)
         optimizer.load_state_dict(saved["optimizer"])
