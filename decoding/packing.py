@@ -4,11 +4,14 @@ A bf16 `F.linear` on one token row re-lays its weight out on every call; on the 
 that made a decode step of the embedded model ~3x slower than the same matmul with a weight packed once
 (`torch.ops.mkldnn._reorder_linear_weight`, the kernel inductor's CPU backend uses). The numbers are
 the same kernel's: packing changes memory layout, not arithmetic.
+
+float32 passes of a few rows (a verify pass) take another kernel: see `FEW_ROWS`.
 """
 
 from __future__ import annotations
 
 import logging
+from functools import cache
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +26,16 @@ PACKABLE_DTYPES = (torch.bfloat16, torch.float32)
 # same whatever the row count (tests/decoding/test_model.py checks both). Longer reductions are split
 # into chunks of at most this length, their partial products summed in float32.
 ROW_STABLE_IN_FEATURES = 768
+
+# float32 passes of 2..FEW_ROWS rows multiply the weight from the left (W @ x^T, BLAS with the long side
+# first), their rows padded to 4 or 8. oneDNN's float32 kernel streams the weight at memory speed for one
+# row but not for a few: on an AVX2 machine without bf16 (2 cores), a pass of the embedded model at a
+# 400-token context costs 1.44 / 1.65 / 1.82x a one-row step for 2 / 4 / 8 rows through oneDNN, and
+# 1.10 / 1.17 / 1.68x this way; a 3-row matmul costs more than a 4-row one, hence the padding
+# (decoding/drafts/README.md, "An AVX2 machine"). One row keeps oneDNN (the decode step), and so do
+# longer passes (prompts). Neither kernel gives a row the same bits at every row count in float32
+# (~1e-5 apart in the logits), as before: see Transformer.attention_dtype.
+FEW_ROWS = 8
 
 
 class PackedLinear(nn.Module):
@@ -43,6 +56,9 @@ class PackedLinear(nn.Module):
         # x: (..., in) -> (..., out); float32 out when the reduction was split
         if x.dtype != self.weight.dtype:
             return F.linear(x, self.weight, self.bias)
+        rows = x.numel() // self.in_features
+        if x.dtype == torch.float32 and 1 < rows <= FEW_ROWS:
+            return self._few_rows(x, rows)
         if len(self.packed) == 1:
             return torch.ops.mkldnn._linear_pointwise(x, self.packed[0], self.bias, "none", [], "")
         out = self.bias.float() if self.bias is not None else None
@@ -52,9 +68,28 @@ class PackedLinear(nn.Module):
         assert out is not None
         return out
 
+    def _few_rows(self, x: torch.Tensor, rows: int) -> torch.Tensor:
+        # x: (..., in) float32 holding `rows` rows -> (..., out), as W @ x^T on rows padded to 4 or 8
+        flat = x.reshape(rows, self.in_features)  # (rows, in)
+        padded = 4 if rows <= 4 else FEW_ROWS
+        if padded > rows:
+            flat = torch.cat([flat, flat.new_zeros(padded - rows, self.in_features)])  # (padded, in)
+        out = torch.mm(self.weight, flat.t())[:, :rows].t()  # (rows, out)
+        if self.bias is not None:
+            out = out + self.bias
+        return out.contiguous().view(*x.shape[:-1], self.out_features)
 
+
+@cache
 def can_pack(dtype: torch.dtype) -> bool:
-    return dtype in PACKABLE_DTYPES and torch.backends.mkldnn.is_available()
+    """Whether oneDNN packs weights of `dtype` on this CPU (bf16 needs AVX-512 or AVX-NE-CONVERT)."""
+    if dtype not in PACKABLE_DTYPES or not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(4, 4, dtype=dtype), 1)
+    except RuntimeError:
+        return False
+    return True
 
 
 def pack_linears(module: nn.Module) -> int:

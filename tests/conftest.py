@@ -86,7 +86,8 @@ def tiny_model() -> TinyFactory:
 
 @pytest.fixture(scope="session")
 def embedded_model() -> LoadedModel:
-    """The real SmolLM2-135M-Instruct in bf16 (the CPU default); loaded once per test session."""
+    """The real SmolLM2-135M-Instruct in the CPU default dtype (bf16 where the CPU has native bf16, else
+    float32); loaded once per test session."""
     from decoding.loading import load_model
 
     return load_model("embedded", "auto")

@@ -75,8 +75,10 @@ def test_context_overflow_is_refused(tiny_model: TinyFactory) -> None:
         model(torch.zeros(9, dtype=torch.long), 0)
 
 
-@pytest.mark.skipif(not can_pack(torch.float32), reason="oneDNN not available")
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [
+    pytest.param(dtype, marks=pytest.mark.skipif(not can_pack(dtype), reason=f"oneDNN packs no {dtype} on this CPU"))
+    for dtype in (torch.float32, torch.bfloat16)
+])
 @pytest.mark.parametrize("in_features", [64, 576, 1536])
 def test_packed_linear_computes_the_same_matmul(dtype: torch.dtype, in_features: int) -> None:
     g = torch.Generator().manual_seed(0)
@@ -85,9 +87,14 @@ def test_packed_linear_computes_the_same_matmul(dtype: torch.dtype, in_features:
         linear.weight.copy_(torch.randn(96, in_features, generator=g) / in_features**0.5)
         linear.bias.copy_(torch.randn(96, generator=g))
     packed = PackedLinear(linear)
-    x = torch.randn(1, 5, in_features, generator=g).to(dtype)
+    x = torch.randn(1, 12, in_features, generator=g).to(dtype)
     tol = 1e-5 if dtype == torch.float32 else 2e-2
-    torch.testing.assert_close(packed(x).float(), F.linear(x, linear.weight, linear.bias).float(), rtol=tol, atol=tol)
+    # every row count: one row, the float32 few-row path padded to 4 or to 8 (FEW_ROWS), and past it
+    for m in range(1, 13):
+        want = F.linear(x[:, :m], linear.weight, linear.bias).float()  # (1, m, 96)
+        torch.testing.assert_close(packed(x[:, :m]).float(), want, rtol=tol, atol=tol)
+    torch.testing.assert_close(packed(x[0, :3]).float(), F.linear(x[0, :3], linear.weight, linear.bias).float(),
+                               rtol=tol, atol=tol)  # (3, in): a 2-D input keeps its shape
     if dtype == torch.bfloat16:
         # bf16 (the CPU default): every row count gives bit-identical rows (a long reduction is split),
         # so the matmuls of a verify pass round exactly as single steps do
