@@ -13,15 +13,42 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass
 
+from decoding.pass_costs import REFERENCE_ACCEPTANCE, PassCosts
+
 
 class DraftLength:
-    """The HF heuristic schedule for one request."""
+    """The HF heuristic schedule for one request. With this machine's pass costs, its ceiling is the
+    proposal size that pays best at the acceptance this request has seen so far (PassCosts.best_rows):
+    long where prompt lookup copies, short where drafts miss, on a machine where big passes cost more."""
 
-    def __init__(self, initial: int, maximum: int) -> None:
-        self.maximum = maximum
-        self.value = max(1, min(initial, maximum))
+    def __init__(self, initial: int, maximum: int, costs: PassCosts | None = None) -> None:
+        self.limit = maximum  # the hard bound
+        self.costs = costs
+        # drafts kept and misses (passes that rejected one), from a prior worth four drafts at the reference
+        self._kept, self._missed = 4 * REFERENCE_ACCEPTANCE, 4 * (1 - REFERENCE_ACCEPTANCE)
+        self.maximum = self._ceiling()
+        self.value = max(1, min(initial, self.maximum))
+
+    @property
+    def acceptance(self) -> float:
+        """The chance a draft is kept given the one before it was: kept / (kept + misses)."""
+        return self._kept / (self._kept + self._missed)
+
+    def _ceiling(self) -> int:
+        if self.costs is None:
+            return self.limit
+        return max(1, min(self.limit, self.costs.best_rows(self.acceptance) - 1))
+
+    def record(self, kept: int, missed: bool) -> None:
+        """A pass kept `kept` drafts and then rejected one (`missed`), or ran out of drafts."""
+        self._kept += kept
+        self._missed += missed
+        self.maximum = self._ceiling()
+        self.value = min(self.value, self.maximum)
 
     def update(self, num_proposed: int, num_accepted: int) -> None:
+        if num_proposed:
+            self.record(num_accepted, num_accepted < num_proposed)
         if num_proposed and num_accepted == num_proposed:
             self.value = min(self.maximum, self.value + 2)
         else:

@@ -20,6 +20,7 @@ from decoding.drafts import shipped_draft
 from decoding.errors import ModelLoadError, UnknownDrafterError
 from decoding.generate import Engine
 from decoding.loading import EMBEDDED, LoadedModel, check_same_tokenizer, load_model
+from decoding.pass_costs import pass_costs
 
 DRAFTER_NAMES = ("grammar", "ngram", "draft")
 # a model's draft chain stops before a token it gives less than this (drafters/chain.py): on the bench
@@ -119,10 +120,13 @@ def build_engine(
     max_draft_tokens: int = 8,
     with_grammar: bool = False,
     draft_tree: bool = True,
+    fit: bool = True,
 ) -> Engine:
     """`drafters` None: n-gram, plus the draft when there is one (given, or shipped for the target);
     `with_grammar` puts the grammar-forced drafter first (for constrained requests); `draft_tree`: a
-    draft head drafts a tree per pass (TreeShape's default), else a chain."""
+    draft head drafts a tree per pass (TreeShape's default), else a chain. `max_draft_tokens` is a
+    bound: with `fit`, n-gram lookup and the draft propose fewer a pass where this machine's bigger
+    passes cost more than they are expected to earn (fit_to_machine)."""
     target_model = load_model(target, dtype)
     wants_draft = drafters is None or "draft" in drafters
     draft_model = load_draft(draft, target_model, dtype) if wants_draft else None
@@ -132,4 +136,14 @@ def build_engine(
         drafters = ("grammar", *drafters)
     tree = TreeShape() if draft_tree else None
     drafter = build_drafter(list(drafters), target_model, draft_model, max_draft_tokens, tree)
+    if fit and drafter is not None:
+        fit_to_machine(target_model, drafter)
     return Engine(target_model, drafter, max_draft_tokens=max_draft_tokens)
+
+
+def fit_to_machine(target: LoadedModel, drafter: Drafter) -> Drafter:
+    """Size `drafter`'s proposals by what the target's passes cost on this machine and what each request
+    accepts (decoding/pass_costs.py: measured once per model, ~5 s; adaptive.DraftLength)."""
+    drafter.fit(pass_costs(target.model))
+    return drafter
+

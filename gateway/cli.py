@@ -71,7 +71,7 @@ def _generate(args: argparse.Namespace) -> int:
                                f"({names})") from exc
     structured = bool(tools or args.json_schema or args.json_object)
     engine = build_engine(args.model, drafters, args.draft, args.dtype, args.max_draft_tokens, with_grammar=structured,
-                          draft_tree=not args.draft_chain)
+                          draft_tree=not args.draft_chain, fit=not args.no_fit)
     config = GenerationConfig(
         max_new_tokens=args.max_tokens,
         sampling=sampling,
@@ -146,6 +146,7 @@ def _bench(args: argparse.Namespace) -> int:
         dtype=args.dtype,
         draft=args.draft,
         no_draft=args.no_draft,
+        fit_to_machine=not args.no_fit,
     )
     report = run_bench(options)
     print(report.table())
@@ -289,7 +290,10 @@ def build_parser() -> argparse.ArgumentParser:
                           "under a constraint)")
     gen.add_argument("--dtype", default="auto", help="auto (bf16 where the CPU has it), bf16, fp32, fp64 or fp16")
     gen.add_argument("--max-tokens", type=_positive, default=256)
-    gen.add_argument("--max-draft-tokens", type=int, default=8)
+    gen.add_argument("--max-draft-tokens", type=int, default=8,
+                     help="drafts per pass at most (default 8; fewer where bigger passes do not pay on this machine)")
+    gen.add_argument("--no-fit", action="store_true",
+                     help="draft --max-draft-tokens a pass without measuring what passes cost here")
     gen.add_argument("--draft-chain", action="store_true",
                      help="a draft head drafts one chain per pass instead of a tree of alternatives")
     gen.add_argument("--temperature", type=float, default=0.0)
@@ -319,6 +323,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the draft for the draft rows: a draft head or a draft model (default: the shipped one)")
     bench.add_argument("--no-draft", action="store_true", help="no draft rows")
     bench.add_argument("--no-hf", action="store_true", help="skip the HF transformers baselines")
+    bench.add_argument("--no-fit", action="store_true",
+                       help="draft up to 8 tokens a pass without measuring what passes cost on this machine")
     bench.add_argument("--gateway", action="store_true",
                        help="bench the HTTP gateway instead: its overhead, and speculation on vs off through the API")
     bench.add_argument("--policy", default=None, metavar="FILE", help="policy for --gateway (default: the shipped one)")

@@ -36,8 +36,9 @@ def _check_model_path(name: str, spec: str) -> None:
 @dataclass(frozen=True)
 class Speculative:
     enabled: bool = True
-    max_draft_tokens: int = 8
+    max_draft_tokens: int = 8  # a bound: fit_to_machine drafts fewer where bigger passes do not pay here
     draft_tree: bool = True  # a draft head drafts a tree of alternatives per pass, else one chain
+    fit_to_machine: bool = True  # measure this machine's pass costs at load (decoding/pass_costs.py)
 
     def __post_init__(self) -> None:
         if not 1 <= self.max_draft_tokens <= 32:

@@ -18,7 +18,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from decoding.build import Draft, build_drafter
+from decoding.build import Draft, build_drafter, fit_to_machine
 from decoding.chat_engine import ChatEngine, ChatRequest, ConstraintOptions, PreparedChat
 from decoding.constraints.backends import BACKENDS, make_backend
 from decoding.constraints.base import CompileTimeoutError, ConstraintError
@@ -217,10 +217,13 @@ def _run_requests(backend: str, engines: dict[str, Engine], prepared: dict[str, 
 
 def run_constrained(target: LoadedModel, draft: Draft | None, quick: bool, max_new_tokens: int,
                     backends: tuple[str, ...] = BACKENDS,
-                    compile_timeout_s: float = OUTLINES_COMPILE_TIMEOUT_S) -> ConstrainedReport:
+                    compile_timeout_s: float = OUTLINES_COMPILE_TIMEOUT_S,
+                    fit: bool = True) -> ConstrainedReport:
     requests = load_requests(quick, max_new_tokens)
     spec_name = "grammar+ngram" + ("+draft" if draft is not None else "")
-    engines = {"target-only": Engine(target), spec_name: Engine(target, _drafters(target, draft))}
+    drafter = _drafters(target, draft)
+    spec = Engine(target, fit_to_machine(target, drafter) if fit else drafter)
+    engines = {"target-only": Engine(target), spec_name: spec}
     rows: list[ConstrainedRow] = []
     failures: list[str] = []
     compile_times = []

@@ -18,12 +18,13 @@ from decoding.bench.baselines import HFRunner, LlamaCppRunner, llama_cpp_availab
 from decoding.bench.constrained import run_constrained
 from decoding.bench.report import BenchReport, Divergence, Measurement, Row
 from decoding.bench.workload import CATEGORIES, CONSTRAINED, BenchPrompt, load_workload
-from decoding.build import Draft, build_drafter, draft_drafter, load_draft
+from decoding.build import Draft, build_drafter, draft_drafter, fit_to_machine, load_draft
 from decoding.draft_head import DraftHead
-from decoding.drafters import NgramDrafter
+from decoding.drafters import Drafter, NgramDrafter
 from decoding.drafters.head_tree import TreeShape
 from decoding.generate import Engine, GenerationConfig
 from decoding.loading import LoadedModel, embedded_gguf_path, load_model
+from decoding.pass_costs import pass_costs
 from decoding.sampling import SamplingParams
 from decoding.stats import SpecStats
 
@@ -42,6 +43,7 @@ class BenchOptions:
     no_draft: bool = False
     seed: int = 0
     constrained_max_new_tokens: int = 256  # a tool call or a schema output runs to its end
+    fit_to_machine: bool = True  # size proposals by this machine's pass costs (build.fit_to_machine)
 
 
 # a configuration: prompt ids, max tokens, seed -> (generated tokens, speculative stats or None)
@@ -67,24 +69,32 @@ def _engine_run(engine: Engine, speculative: bool, temperature: float) -> RunFn:
     return run
 
 
+def _some(drafter: Drafter | None) -> Drafter:
+    assert drafter is not None, "a drafter list that is not empty builds a drafter"
+    return drafter
+
+
 def build_configs(target: LoadedModel, draft: Draft | None, options: BenchOptions) -> list[Config]:
     greedy = options.temperature == 0.0
     ref = TARGET_ONLY if greedy else None
     t = options.temperature
+
+    def spec(drafter: Drafter) -> RunFn:
+        return _engine_run(Engine(target, fit_to_machine(target, drafter) if options.fit_to_machine else drafter),
+                           True, t)
+
     configs = [
         Config(TARGET_ONLY, _engine_run(Engine(target), False, t), None),
-        Config("engine ngram", _engine_run(Engine(target, NgramDrafter()), True, t), ref),
+        Config("engine ngram", spec(NgramDrafter()), ref),
     ]
     if draft is not None:
-        draft_engine = Engine(target, draft_drafter(draft, target, 8))
-        configs.append(Config("engine draft", _engine_run(draft_engine, True, t), ref))
-        composite = build_drafter(["ngram", "draft"], target, draft, 8)
-        configs.append(Config("engine ngram+draft", _engine_run(Engine(target, composite), True, t), ref))
+        configs.append(Config("engine draft", spec(draft_drafter(draft, target, 8)), ref))
+        composite = _some(build_drafter(["ngram", "draft"], target, draft, 8))
+        configs.append(Config("engine ngram+draft", spec(composite), ref))
         if isinstance(draft, DraftHead):  # a head can draft a tree per pass instead of a chain
-            tree_engine = Engine(target, draft_drafter(draft, target, 8, TreeShape()))
-            configs.append(Config("engine draft tree", _engine_run(tree_engine, True, t), ref))
-            composite = build_drafter(["ngram", "draft"], target, draft, 8, TreeShape())
-            configs.append(Config("engine ngram+draft tree", _engine_run(Engine(target, composite), True, t), ref))
+            configs.append(Config("engine draft tree", spec(draft_drafter(draft, target, 8, TreeShape())), ref))
+            composite = _some(build_drafter(["ngram", "draft"], target, draft, 8, TreeShape()))
+            configs.append(Config("engine ngram+draft tree", spec(composite), ref))
     if options.include_hf and greedy:
         # HF's assisted generation runs a standalone draft model; a draft head has no HF form, so against
         # a head HF's best is prompt lookup
@@ -139,7 +149,8 @@ def run_bench(options: BenchOptions) -> BenchReport:
     plain = tuple(c for c in wanted if c != CONSTRAINED)
     constrained = None
     if CONSTRAINED in wanted:
-        constrained = run_constrained(target, draft, options.quick, options.constrained_max_new_tokens)
+        constrained = run_constrained(target, draft, options.quick, options.constrained_max_new_tokens,
+                                      fit=options.fit_to_machine)
     prompts = load_workload(options.quick, plain) if plain else []
     if not prompts:
         return BenchReport([], _meta(target, draft, options, 0), constrained)
@@ -205,6 +216,8 @@ def _meta(target: LoadedModel, draft: Draft | None, options: BenchOptions, promp
         "max_new_tokens": options.max_new_tokens,
         "temperature": options.temperature,
         "threads": torch.get_num_threads(),
+        # a target pass of 1, 2, ... rows in one-row steps, as measured for fitting drafts to this machine
+        "pass_costs": list(pass_costs(target.model).relative) if options.fit_to_machine else None,
         "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
         "torch": torch.__version__,
         "llama_cpp": llama_cpp_available(),

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from decoding.constraints.base import Grammar
+from decoding.pass_costs import PassCosts
 from decoding.sampling import SamplingParams
 
 
@@ -57,6 +58,10 @@ class Drafter(ABC):
 
     def observe(self, num_proposed: int, num_accepted: int) -> None:  # noqa: B027 - optional hook
         """Feedback after verification: the first `num_accepted` of `num_proposed` tokens were kept."""
+
+    def fit(self, costs: PassCosts) -> None:  # noqa: B027 - optional hook
+        """Size proposals by this machine's pass costs from the next request on (drafters with a length
+        schedule: adaptive.DraftLength)."""
 
     def reset(self) -> None:  # noqa: B027 - optional hook
         """Forget per-request state before a new request."""

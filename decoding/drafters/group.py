@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from decoding.drafters.base import Drafter
+from decoding.pass_costs import PassCosts
 
 
 class DrafterGroup(Drafter):
@@ -17,6 +18,10 @@ class DrafterGroup(Drafter):
     def reset(self) -> None:
         for d in self.drafters:
             d.reset()
+
+    def fit(self, costs: PassCosts) -> None:
+        for d in self.drafters:
+            d.fit(costs)
 
     def prepare(self, max_seq_len: int) -> None:
         for d in self.drafters:

@@ -19,6 +19,7 @@ from decoding.drafters.chain import draft_chain
 from decoding.drafters.context_vocab import ContextVocab
 from decoding.drafters.draft_model import common_prefix_length
 from decoding.drafters.head_tree import TreeShape, grow_tree
+from decoding.pass_costs import PassCosts
 from decoding.sampling import SamplingParams
 
 
@@ -32,10 +33,12 @@ class HeadDrafter(Drafter):
         self.min_peak = min_peak  # stop the chain before a draft the model is less sure of (chain.py)
         self.tree = tree  # draft a tree (head_tree.py) instead of a chain, where no grammar constrains
         self._drafted_tree = False
+        self._tree_depth = 0  # the last tree's depth
         self._cost = cost_per_token
         self._features = torch.zeros(0, head.config.feature_width)  # [S, F] the target's, by position
         self.vocab = ContextVocab(head.vocab, head.config.target_vocab_size, head.config.context_vocab)
         self.hints = ContextHints() if head.config.copy_hint else None
+        self.costs: PassCosts | None = None  # this machine's pass costs, once fitted (DraftLength)
         self.reset()
 
     @property
@@ -50,11 +53,15 @@ class HeadDrafter(Drafter):
     def cost_per_token(self) -> float:
         return self._cost
 
+    def fit(self, costs: PassCosts) -> None:
+        self.costs = costs
+        self.reset()
+
     def reset(self) -> None:
         self._tokens: list[int] = []  # the context the head's verified pairs were built from
         self._committed = 0  # pairs [0, committed) were built from verified features
         self._known = 0  # target features known for positions [0, known)
-        self.length = DraftLength(self.max_tokens, self.max_tokens)
+        self.length = DraftLength(self.max_tokens, self.max_tokens, self.costs)
         self.vocab.reset()
         if self.hints is not None:
             self.hints.reset()
@@ -119,8 +126,10 @@ class HeadDrafter(Drafter):
         assert logits is not None
         self._drafted_tree = self.tree is not None and grammar is None
         if self.tree is not None and grammar is None:
-            tree, steps = grow_tree(self.head, logits, feature, last, self.tree, max_tokens, params, self.vocab,
-                                    self.hints.after if self.hints is not None else None)
+            # as many nodes as a chain's ceiling: what a pass of that size costs here pays at this acceptance
+            tree, steps = grow_tree(self.head, logits, feature, last, self.tree, min(max_tokens, self.length.maximum),
+                                    params, self.vocab, self.hints.after if self.hints is not None else None)
+            self._tree_depth = tree.depth
             return Proposal(tokens=tree.tokens, sources=[self.name] * len(tree), model_drafted=steps + 1,
                             parents=tree.parents)
 
@@ -141,5 +150,7 @@ class HeadDrafter(Drafter):
         return self.tree.nodes if self.tree is not None else self.max_tokens
 
     def observe(self, num_proposed: int, num_accepted: int) -> None:
-        if not self._drafted_tree:  # a tree's depth does not follow the chain's schedule
+        if self._drafted_tree:  # a tree's size does not follow the chain's schedule; its acceptance counts
+            self.length.record(num_accepted, num_accepted < self._tree_depth)
+        else:
             self.length.update(num_proposed, num_accepted)

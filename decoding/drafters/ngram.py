@@ -12,6 +12,7 @@ import torch
 from decoding.adaptive import DraftLength
 from decoding.constraints.base import Grammar
 from decoding.drafters.base import Drafter, Proposal
+from decoding.pass_costs import PassCosts
 from decoding.sampling import SamplingParams
 
 
@@ -23,13 +24,18 @@ class NgramDrafter(Drafter):
             raise ValueError(f"need 1 <= min_n <= max_n, got {min_n}, {max_n}")
         self.min_n, self.max_n = min_n, max_n
         self.max_tokens = max_tokens
+        self.costs: PassCosts | None = None  # this machine's pass costs, once fitted (DraftLength)
+        self.reset()
+
+    def fit(self, costs: PassCosts) -> None:
+        self.costs = costs
         self.reset()
 
     def reset(self) -> None:
         self._tokens: list[int] = []
         # n -> {n-gram: end position of its latest occurrence that has a following token}
         self._index: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(self.min_n, self.max_n + 1)}
-        self.length = DraftLength(self.max_tokens, self.max_tokens)
+        self.length = DraftLength(self.max_tokens, self.max_tokens, self.costs)
 
     def _sync(self, context: list[int]) -> None:
         known = len(self._tokens)

@@ -1,0 +1,98 @@
+"""What a target pass of r rows costs on this machine, and how many drafts a pass should carry.
+
+Speculation trades one pass of 1 + k rows (the last token and k drafts) for up to k + 1 tokens, so it
+pays by how little more that pass costs than a single step — and that is the machine's, not the
+model's: on the 2-core development CPU (AVX-512 BF16) a pass of 9 rows of the embedded model costs
+~1.2 steps, so long proposals pay; on a 2-core AVX2 machine in float32, 2–4 rows cost ~1.05–1.15 steps
+and 5–8 rows ~1.5 (decoding/packing.py), so a pass of 3 drafts pays more than one of 8 unless the
+drafts are nearly sure (copying). `draftgate` measures the curve once per model at load (seven passes
+of each size, timed in turn: ~5 s for the embedded model), and each request's drafters cap their
+proposals where the expected tokens per unit of cost peak at the acceptance that request has seen
+(adaptive.DraftLength; decoding/drafts/README.md, "An AVX2 machine"). Which tokens come out never
+depends on it: only how many a pass proposes.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import weakref
+from dataclasses import dataclass
+
+import torch
+
+from decoding.model import Transformer
+
+log = logging.getLogger(__name__)
+
+# the chance that a draft is kept, given that the one before it was: ~0.7 on the bench workload (a chain
+# of 8 accepts 2.4-2.7 tokens a pass); only where the curve bends does the choice depend on it
+REFERENCE_ACCEPTANCE = 0.7
+MAX_ROWS = 9  # the root and 8 drafts: the policy's default max_draft_tokens
+
+_measured: weakref.WeakKeyDictionary[Transformer, PassCosts] = weakref.WeakKeyDictionary()
+
+
+@dataclass(frozen=True)
+class PassCosts:
+    relative: tuple[float, ...]  # [R] a pass of r rows in units of a one-row step, r = 1..R; non-decreasing
+
+    def __post_init__(self) -> None:
+        if not self.relative or self.relative[0] != 1.0:
+            raise ValueError(f"relative costs start at 1.0 for one row, got {self.relative}")
+
+    def of(self, rows: int) -> float:
+        """A pass of `rows` rows, in steps; past the measured sizes, extended linearly from the last two."""
+        if rows <= len(self.relative):
+            return self.relative[max(rows, 1) - 1]
+        last = self.relative[-1]
+        slope = last - self.relative[-2] if len(self.relative) > 1 else 0.0
+        return last + max(slope, 0.0) * (rows - len(self.relative))
+
+    def best_rows(self, acceptance: float = REFERENCE_ACCEPTANCE) -> int:
+        """The pass size r (1 + drafts) with the most expected tokens per unit of cost, each draft kept
+        with probability `acceptance` given the one before: E(r) = (1 - a^r) / (1 - a) tokens a pass
+        (Leviathan et al. 2023, section 3.4). Ties go to the smaller pass."""
+        def rate(r: int) -> float:
+            return (1 - acceptance**r) / (1 - acceptance) / self.of(r)
+
+        return max(range(1, len(self.relative) + 1), key=lambda r: (round(rate(r), 6), -r))
+
+    def __str__(self) -> str:
+        return " / ".join(f"{c:.2f}" for c in self.relative)
+
+
+def measure_pass_costs(model: Transformer, max_rows: int = MAX_ROWS, context: int = 256,
+                       repeats: int = 6) -> PassCosts:
+    """Time passes of 1..max_rows rows at a `context`-token cache, in turn, `repeats` rounds after a
+    warm-up round. Each size's fastest pass is its cost (a busy machine only ever adds time: on the AVX2
+    machine single passes spiked from 43 to 129 ms), relative to one row, made non-decreasing.
+    Leaves the model's KV cache holding random tokens (every request starts with its own prefill)."""
+    g = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, model.args.vocab_size, (context + max_rows,), generator=g)  # (context + R,)
+    model.setup_cache(context + max_rows)
+    model(tokens[:context], 0)
+    times: list[list[float]] = [[] for _ in range(max_rows)]
+    for round_ in range(repeats + 1):
+        for r in range(1, max_rows + 1):
+            start = time.perf_counter()
+            model(tokens[context : context + r], context)  # (r, V)
+            if round_ > 0:
+                times[r - 1].append(time.perf_counter() - start)
+    fastest = [min(t) for t in times]
+    # a pass never costs more than a bigger one: each size takes the least of its own and the bigger
+    # sizes' times (3 rows run padded to 4, say: noise must not price 3 above 4)
+    relative = [max(1.0, round(min(fastest[r:]) / fastest[0], 3)) for r in range(max_rows)]
+    relative[0] = 1.0
+    return PassCosts(tuple(relative))
+
+
+def pass_costs(model: Transformer) -> PassCosts:
+    """This machine's costs for `model`, measured on first use and kept for the model's lifetime."""
+    costs = _measured.get(model)
+    if costs is None:
+        costs = measure_pass_costs(model)
+        _measured[model] = costs
+        log.info("target passes of 1..%d rows cost %s steps here: %d rows a pass pay best", len(costs.relative),
+                 costs, costs.best_rows())
+    return costs
