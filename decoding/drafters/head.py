@@ -126,9 +126,10 @@ class HeadDrafter(Drafter):
         assert logits is not None
         self._drafted_tree = self.tree is not None and grammar is None
         if self.tree is not None and grammar is None:
-            # as many nodes as a chain's ceiling: what a pass of that size costs here pays at this acceptance
-            tree, steps = grow_tree(self.head, logits, feature, last, self.tree, min(max_tokens, self.length.maximum),
-                                    params, self.vocab, self.hints.after if self.hints is not None else None)
+            # fitted to the machine: as many nodes as the chain's ceiling, the pass size that pays here
+            tree, steps = grow_tree(self.head, logits, feature, last, self.tree, max_tokens, params, self.vocab,
+                                    self.hints.after if self.hints is not None else None,
+                                    max_nodes=self.length.maximum if self.costs is not None else None)
             self._tree_depth = tree.depth
             return Proposal(tokens=tree.tokens, sources=[self.name] * len(tree), model_drafted=steps + 1,
                             parents=tree.parents)

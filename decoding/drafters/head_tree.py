@@ -67,12 +67,16 @@ def _ranked(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 
 
 def grow_tree(head: DraftHead, logits: torch.Tensor, feature: torch.Tensor, last: int, shape: TreeShape,
-              max_tokens: int, params: SamplingParams, vocab: ContextVocab,
-              hint: Callable[[list[int]], torch.Tensor] | None = None) -> tuple[TokenTree, int]:
+              max_depth: int, params: SamplingParams, vocab: ContextVocab,
+              hint: Callable[[list[int]], torch.Tensor] | None = None,
+              max_nodes: int | None = None) -> tuple[TokenTree, int]:
     """logits: (Vd + n,) the head's for the first draft, over `vocab.ids`; feature: (1, D) its predicted
-    feature of the position before; the drafts start at position and cache slot `last`. At most
-    `max_tokens` nodes (the engine's drafts per pass), so no deeper either. `hint` gives the copy hint
-    (1, 2) after a path of draft tokens, for heads that read one. -> (tree, head steps run)."""
+    feature of the position before; the drafts start at position and cache slot `last`. `hint` gives
+    the copy hint (1, 2) after a path of draft tokens, for heads that read one. `max_nodes` caps the
+    shape's nodes (and so its depth): what a pass can carry and pay for on this machine (DraftLength).
+    -> (tree, head steps run)."""
+    nodes_cap = shape.nodes if max_nodes is None else min(shape.nodes, max_nodes)
+    max_depth = min(max_depth, nodes_cap)
     ids = vocab.ids
     nodes: list[_Node] = []
     probs = _ranked(logits.unsqueeze(0), params)[0]  # (Vd,)
@@ -83,7 +87,7 @@ def grow_tree(head: DraftHead, logits: torch.Tensor, feature: torch.Tensor, last
             nodes.append(_Node(int(ids[j]), -1, 1, p))
             frontier.append(len(nodes) - 1)
     slot, steps = last, 0
-    depth_limit = min(shape.depth, max_tokens)
+    depth_limit = min(shape.depth, max_depth)
     for depth in range(1, depth_limit):
         frontier = sorted(frontier, key=lambda i: -nodes[i].score)[: shape.width]
         if not frontier or nodes[frontier[0]].score < shape.min_score or slot + len(frontier) > head.max_seq_len:
@@ -115,7 +119,7 @@ def grow_tree(head: DraftHead, logits: torch.Tensor, feature: torch.Tensor, last
                     frontier.append(len(nodes) - 1)
     # the best nodes; ties go to the shallower (so a parent before a child with its score), then older
     ranked = sorted(range(len(nodes)), key=lambda i: (-nodes[i].score, nodes[i].depth, i))
-    chosen = ranked[: min(shape.nodes, max_tokens)]
+    chosen = ranked[:nodes_cap]
     order = sorted(chosen, key=lambda i: (nodes[i].depth, i))  # breadth first: parents before children
     renumber = {old: new for new, old in enumerate(order)}
     tokens_out = [nodes[i].token for i in order]

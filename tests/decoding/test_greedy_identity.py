@@ -10,6 +10,7 @@ from decoding.drafters import CompositeDrafter, Drafter, DraftModelDrafter, Fall
 from decoding.drafters.head_tree import TreeShape
 from decoding.generate import Engine, GenerationConfig
 from decoding.loading import LoadedModel
+from decoding.pass_costs import PassCosts
 from decoding.stats import SpecStats
 from tests.conftest import TinyFactory, perturbed_copy
 from tests.decoding.heads import trained_head
@@ -49,6 +50,11 @@ def _drafters(target: LoadedModel, kind: str) -> Drafter:
         design = kind.split("|")[1].removesuffix("-head-tree")
         return FallbackDrafter([NgramDrafter(min_n=2, max_n=3),
                                 HeadDrafter(trained_head(target, design), max_tokens=6, tree=TREE)])
+    if kind == "ngram|eagle-head-tree-fitted":  # as shipped, sized for a machine where 5+ rows cost 1.6 steps
+        drafter = FallbackDrafter([NgramDrafter(min_n=2, max_n=3),
+                                   HeadDrafter(trained_head(target, "eagle"), max_tokens=6, tree=TREE)])
+        drafter.fit(PassCosts((1.0, 1.05, 1.1, 1.1, 1.6, 1.6, 1.6, 1.6, 1.7)))
+        return drafter
     if kind == "ngram+eagle-head-tree":  # chained after the n-gram's tokens, the tree's first branch
         return CompositeDrafter([NgramDrafter(min_n=2, max_n=3, max_tokens=2),
                                  HeadDrafter(trained_head(target, "eagle"), max_tokens=6, tree=TREE)])
@@ -64,7 +70,8 @@ def _drafters(target: LoadedModel, kind: str) -> Drafter:
 @pytest.mark.parametrize("kind", ["ngram", "draft", "composite", "eagle-head", "tokens-head", "ngram+eagle-head",
                                   "draft-cut", "ngram|eagle-head-cut", "eagle-head-tree", "ngram|eagle-head-tree",
                                   "ngram+eagle-head-tree", "eagle3-head", "ngram|eagle3-head-tree",
-                                  "eagle+copy-head", "eagle+copy-head-subset", "ngram|eagle+copy-head-tree"])
+                                  "eagle+copy-head", "eagle+copy-head-subset", "ngram|eagle+copy-head-tree",
+                                  "ngram|eagle-head-tree-fitted"])
 def test_speculative_greedy_equals_target_only(tiny_model: TinyFactory, dtype: torch.dtype, kind: str) -> None:
     target = tiny_model(vocab_size=64, dtype=dtype, seed=1, logit_scale=2.0)
     base = Engine(target)

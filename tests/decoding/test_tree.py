@@ -88,6 +88,10 @@ def test_head_grows_a_well_formed_tree(tiny_model: TinyFactory) -> None:
     # the root's three best tokens are all children of the root
     best = head.vocab[torch.topk(logits[-1], 3).indices].tolist()
     assert sorted(t for t, p in zip(tree.tokens, tree.parents, strict=True) if p < 0) == sorted(best)
+    # a pass capped at 3 drafts (a machine where bigger passes do not pay): the 3 best nodes, no deeper
+    small, _ = grow_tree(head, logits[-1], feature[-1:], 5, shape, 8, SamplingParams(temperature=0.0),
+                         ContextVocab(head.vocab, 64, enabled=False), max_nodes=3)
+    assert len(small) == 3 and small.depth <= 3
 
 
 def test_head_drafter_proposes_a_tree_and_its_first_branch_as_a_chain(tiny_model: TinyFactory) -> None:

@@ -1,0 +1,67 @@
+"""Fitting proposals to the machine: the pass-cost curve, the size it picks, and the per-request ceiling."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from decoding.adaptive import DraftLength
+from decoding.drafters import NgramDrafter
+from decoding.pass_costs import REFERENCE_ACCEPTANCE, PassCosts, measure_pass_costs
+from decoding.sampling import SamplingParams
+from tests.conftest import TinyFactory
+
+# as measured on the two kinds of 2-core machine (decoding/pass_costs.py)
+AVX512_BF16 = PassCosts((1.0, 1.09, 1.12, 1.15, 1.16, 1.17, 1.18, 1.19, 1.21))
+AVX2_FP32 = PassCosts((1.0, 1.07, 1.17, 1.17, 1.63, 1.71, 1.71, 1.74, 1.74))
+
+
+def test_long_passes_where_they_cost_little_short_ones_where_they_do_not() -> None:
+    assert AVX512_BF16.best_rows() == 9  # 8 drafts a pass
+    assert AVX2_FP32.best_rows() == 4  # 3 drafts a pass
+    # nearly sure drafts (copying) pay for the big pass even where it costs more
+    assert AVX2_FP32.best_rows(0.95) == 9
+    # free passes: as long as measured; a pass that costs as many steps as rows: never speculate
+    assert PassCosts((1.0,) * 9).best_rows(0.3) == 9
+    assert PassCosts(tuple(float(r) for r in range(1, 10))).best_rows() == 1
+
+
+def test_costs_past_the_measured_sizes_extend_the_last_slope() -> None:
+    costs = PassCosts((1.0, 1.2, 1.5))
+    assert costs.of(2) == 1.2 and costs.of(5) == pytest.approx(2.1)
+    with pytest.raises(ValueError, match=r"start at 1\.0"):
+        PassCosts((1.2, 1.3))
+
+
+def test_the_ceiling_follows_what_the_request_accepts() -> None:
+    length = DraftLength(8, 8, AVX2_FP32)
+    assert length.acceptance == pytest.approx(REFERENCE_ACCEPTANCE)
+    assert (length.maximum, length.value) == (3, 3)
+    for _ in range(10):  # every draft kept: a copy; the ceiling rises, the schedule climbs to it
+        length.update(length.value, length.value)
+    assert length.acceptance > 0.9 and length.maximum == 8 and length.value == 8
+    for _ in range(20):  # the first draft missed every time
+        length.update(length.value, 0)
+    assert length.maximum < 8 and length.value == 1
+    # without costs: the bound, whatever the acceptance (the HF schedule alone)
+    plain = DraftLength(8, 8)
+    for _ in range(10):
+        plain.update(1, 0)
+    assert plain.maximum == 8
+
+
+def test_a_fitted_ngram_drafter_proposes_no_more_than_pays() -> None:
+    drafter = NgramDrafter(min_n=1, max_n=2)
+    context = list(range(20)) * 2 + list(range(5))  # the next 15 tokens are known from the first copy
+    generator = torch.Generator()
+    assert len(drafter.propose(context, 8, SamplingParams(), generator)) == 8
+    drafter.fit(AVX2_FP32)
+    assert len(drafter.propose(context, 8, SamplingParams(), generator)) == 3
+
+
+def test_measured_costs_are_a_curve_from_one_that_never_falls(tiny_model: TinyFactory) -> None:
+    model = tiny_model(vocab_size=64).model
+    costs = measure_pass_costs(model, max_rows=5, context=16, repeats=2)
+    assert len(costs.relative) == 5 and costs.relative[0] == 1.0
+    assert all(a <= b for a, b in zip(costs.relative, costs.relative[1:], strict=False))
+    assert 1 <= costs.best_rows() <= 5
