@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 # of 8 accepts 2.4-2.7 tokens a pass); only where the curve bends does the choice depend on it
 REFERENCE_ACCEPTANCE = 0.7
 MAX_ROWS = 9  # the root and 8 drafts: the policy's default max_draft_tokens
+CLEAR_GAIN = 1.05  # a smaller pass size must be expected to earn 5% more than the largest to be chosen
 
 _measured: weakref.WeakKeyDictionary[Transformer, PassCosts] = weakref.WeakKeyDictionary()
 
@@ -52,11 +53,15 @@ class PassCosts:
     def best_rows(self, acceptance: float = REFERENCE_ACCEPTANCE) -> int:
         """The pass size r (1 + drafts) with the most expected tokens per unit of cost, each draft kept
         with probability `acceptance` given the one before: E(r) = (1 - a^r) / (1 - a) tokens a pass
-        (Leviathan et al. 2023, section 3.4). Ties go to the smaller pass."""
+        (Leviathan et al. 2023, section 3.4). The largest measured size unless a smaller one is expected
+        to earn CLEAR_GAIN more: the costs are timings on a shared machine, and the largest size is what
+        the shipped defaults were tuned at where passes are cheap."""
         def rate(r: int) -> float:
             return (1 - acceptance**r) / (1 - acceptance) / self.of(r)
 
-        return max(range(1, len(self.relative) + 1), key=lambda r: (round(rate(r), 6), -r))
+        largest = len(self.relative)
+        best = max(range(1, largest + 1), key=lambda r: (round(rate(r), 6), -r))
+        return best if rate(best) > CLEAR_GAIN * rate(largest) else largest
 
     def __str__(self) -> str:
         return " / ".join(f"{c:.2f}" for c in self.relative)
@@ -68,6 +73,7 @@ def measure_pass_costs(model: Transformer, max_rows: int = MAX_ROWS, context: in
     warm-up round. Each size's fastest pass is its cost (a busy machine only ever adds time: on the AVX2
     machine single passes spiked from 43 to 129 ms), relative to one row, made non-decreasing.
     Leaves the model's KV cache holding random tokens (every request starts with its own prefill)."""
+    context = max(1, min(context, model.args.max_seq_len - max_rows))  # a model with a short context
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, model.args.vocab_size, (context + max_rows,), generator=g)  # (context + R,)
     model.setup_cache(context + max_rows)
