@@ -146,4 +146,3 @@ def fit_to_machine(target: LoadedModel, drafter: Drafter) -> Drafter:
     accepts (decoding/pass_costs.py: measured once per model, ~5 s; adaptive.DraftLength)."""
     drafter.fit(pass_costs(target.model))
     return drafter
-
