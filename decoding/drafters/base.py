@@ -59,9 +59,13 @@ class Drafter(ABC):
     def observe(self, num_proposed: int, num_accepted: int) -> None:  # noqa: B027 - optional hook
         """Feedback after verification: the first `num_accepted` of `num_proposed` tokens were kept."""
 
-    def fit(self, costs: PassCosts) -> None:  # noqa: B027 - optional hook
+    costs: PassCosts | None = None  # this machine's pass costs, once fitted
+
+    def fit(self, costs: PassCosts) -> None:
         """Size proposals by this machine's pass costs from the next request on (drafters with a length
-        schedule: adaptive.DraftLength)."""
+        schedule build their adaptive.DraftLength from `costs` in reset)."""
+        self.costs = costs
+        self.reset()
 
     def reset(self) -> None:  # noqa: B027 - optional hook
         """Forget per-request state before a new request."""

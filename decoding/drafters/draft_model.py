@@ -13,7 +13,6 @@ from decoding.constraints.base import Grammar
 from decoding.drafters.base import Drafter, Proposal
 from decoding.drafters.chain import draft_chain
 from decoding.model import Transformer
-from decoding.pass_costs import PassCosts
 from decoding.sampling import SamplingParams
 
 
@@ -38,11 +37,6 @@ class DraftModelDrafter(Drafter):
         self.max_tokens = max_tokens
         self.min_peak = min_peak  # stop the chain before a draft the model is less sure of (chain.py)
         self._cost = cost_per_token
-        self.costs: PassCosts | None = None  # this machine's pass costs, once fitted (DraftLength)
-        self.reset()
-
-    def fit(self, costs: PassCosts) -> None:
-        self.costs = costs
         self.reset()
 
     def reset(self) -> None:

@@ -19,7 +19,6 @@ from decoding.drafters.chain import draft_chain
 from decoding.drafters.context_vocab import ContextVocab
 from decoding.drafters.draft_model import common_prefix_length
 from decoding.drafters.head_tree import TreeShape, grow_tree
-from decoding.pass_costs import PassCosts
 from decoding.sampling import SamplingParams
 
 
@@ -38,7 +37,6 @@ class HeadDrafter(Drafter):
         self._features = torch.zeros(0, head.config.feature_width)  # [S, F] the target's, by position
         self.vocab = ContextVocab(head.vocab, head.config.target_vocab_size, head.config.context_vocab)
         self.hints = ContextHints() if head.config.copy_hint else None
-        self.costs: PassCosts | None = None  # this machine's pass costs, once fitted (DraftLength)
         self.reset()
 
     @property
@@ -52,10 +50,6 @@ class HeadDrafter(Drafter):
     @property
     def cost_per_token(self) -> float:
         return self._cost
-
-    def fit(self, costs: PassCosts) -> None:
-        self.costs = costs
-        self.reset()
 
     def reset(self) -> None:
         self._tokens: list[int] = []  # the context the head's verified pairs were built from

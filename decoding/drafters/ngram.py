@@ -12,7 +12,6 @@ import torch
 from decoding.adaptive import DraftLength
 from decoding.constraints.base import Grammar
 from decoding.drafters.base import Drafter, Proposal
-from decoding.pass_costs import PassCosts
 from decoding.sampling import SamplingParams
 
 
@@ -24,11 +23,6 @@ class NgramDrafter(Drafter):
             raise ValueError(f"need 1 <= min_n <= max_n, got {min_n}, {max_n}")
         self.min_n, self.max_n = min_n, max_n
         self.max_tokens = max_tokens
-        self.costs: PassCosts | None = None  # this machine's pass costs, once fitted (DraftLength)
-        self.reset()
-
-    def fit(self, costs: PassCosts) -> None:
-        self.costs = costs
         self.reset()
 
     def reset(self) -> None:
