@@ -5,11 +5,11 @@ pays by how little more that pass costs than a single step — and that is the m
 model's: on the 2-core development CPU (AVX-512 BF16) a pass of 9 rows of the embedded model costs
 ~1.2 steps, so long proposals pay; on a 2-core AVX2 machine in float32, 2–4 rows cost ~1.05–1.15 steps
 and 5–8 rows ~1.5 (decoding/packing.py), so a pass of 3 drafts pays more than one of 8 unless the
-drafts are nearly sure (copying). `draftgate` measures the curve once per model at load (seven passes
-of each size, timed in turn: ~5 s for the embedded model), and each request's drafters cap their
-proposals where the expected tokens per unit of cost peak at the acceptance that request has seen
-(adaptive.DraftLength; decoding/drafts/README.md, "An AVX2 machine"). Which tokens come out never
-depends on it: only how many a pass proposes.
+drafts are nearly sure (copying). `draftgate` measures the curve once per model at load (up to seven
+passes of each size, timed in turn, ~4 s past the first round at most: ~5 s for the embedded model),
+and each request's drafters cap their proposals where the expected tokens per unit of cost peak at the
+acceptance that request has seen (adaptive.DraftLength; decoding/drafts/README.md, "An AVX2 machine").
+Which tokens come out never depends on it: only how many a pass proposes.
 """
 
 from __future__ import annotations
@@ -42,14 +42,6 @@ class PassCosts:
         if not self.relative or self.relative[0] != 1.0:
             raise ValueError(f"relative costs start at 1.0 for one row, got {self.relative}")
 
-    def of(self, rows: int) -> float:
-        """A pass of `rows` rows, in steps; past the measured sizes, extended linearly from the last two."""
-        if rows <= len(self.relative):
-            return self.relative[max(rows, 1) - 1]
-        last = self.relative[-1]
-        slope = last - self.relative[-2] if len(self.relative) > 1 else 0.0
-        return last + max(slope, 0.0) * (rows - len(self.relative))
-
     def best_rows(self, acceptance: float = REFERENCE_ACCEPTANCE) -> int:
         """The pass size r (1 + drafts) with the most expected tokens per unit of cost, each draft kept
         with probability `acceptance` given the one before: E(r) = (1 - a^r) / (1 - a) tokens a pass
@@ -57,7 +49,7 @@ class PassCosts:
         to earn CLEAR_GAIN more: the costs are timings on a shared machine, and the largest size is what
         the shipped defaults were tuned at where passes are cheap."""
         def rate(r: int) -> float:
-            return (1 - acceptance**r) / (1 - acceptance) / self.of(r)
+            return (1 - acceptance**r) / (1 - acceptance) / self.relative[r - 1]
 
         largest = len(self.relative)
         best = max(range(1, largest + 1), key=lambda r: (round(rate(r), 6), -r))
@@ -68,18 +60,23 @@ class PassCosts:
 
 
 def measure_pass_costs(model: Transformer, max_rows: int = MAX_ROWS, context: int = 256,
-                       repeats: int = 6) -> PassCosts:
-    """Time passes of 1..max_rows rows at a `context`-token cache, in turn, `repeats` rounds after a
-    warm-up round. Each size's fastest pass is its cost (a busy machine only ever adds time: on the AVX2
-    machine single passes spiked from 43 to 129 ms), relative to one row, made non-decreasing.
-    Leaves the model's KV cache holding random tokens (every request starts with its own prefill)."""
+                       repeats: int = 6, budget_s: float = 4.0) -> PassCosts:
+    """Time passes of 1..max_rows rows at a `context`-token cache, in turn, up to `repeats` rounds after a
+    warm-up round, and no more rounds once `budget_s` is spent (at least one: a big model's load is not
+    held up by a minute of timing). Each size's fastest pass is its cost (a busy machine only ever adds
+    time: on the AVX2 machine single passes spiked from 43 to 129 ms), relative to one row, made
+    non-decreasing. Leaves the model's KV cache holding random tokens (every request starts with its
+    own prefill)."""
     context = max(1, min(context, model.args.max_seq_len - max_rows))  # a model with a short context
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, model.args.vocab_size, (context + max_rows,), generator=g)  # (context + R,)
     model.setup_cache(context + max_rows)
     model(tokens[:context], 0)
     times: list[list[float]] = [[] for _ in range(max_rows)]
+    began = time.perf_counter()
     for round_ in range(repeats + 1):
+        if round_ > 1 and time.perf_counter() - began > budget_s:
+            break
         for r in range(1, max_rows + 1):
             start = time.perf_counter()
             model(tokens[context : context + r], context)  # (r, V)
