@@ -39,8 +39,9 @@ class DraftLength:
             return self.limit
         return max(1, min(self.limit, self.costs.best_rows(self.acceptance) - 1))
 
-    def record(self, kept: int, missed: bool) -> None:
-        """A pass kept `kept` drafts and then rejected one (`missed`), or ran out of drafts."""
+    def record(self, kept: int, missed: int) -> None:
+        """Drafts kept, and drafts rejected after the one before was kept: a chain's pass rejects one or
+        none; a sampled tree's counts its first candidates (HeadDrafter.observe_candidates)."""
         self._kept += kept
         self._missed += missed
         self.maximum = self._ceiling()

@@ -25,6 +25,7 @@ from decoding.stats import SpecStats
 from decoding.stopping import StopChecker
 from decoding.tokenizer import IncrementalDetokenizer
 from decoding.tree import TokenTree, verify_tree
+from decoding.tree_sampling import verify_sampled_tree
 
 
 @dataclass(frozen=True)
@@ -292,10 +293,16 @@ class Engine:
         inp = torch.tensor([token, *tree.tokens])  # [N + 1]
         logits, hidden = model.forward_hidden(inp, pos, tree=tree, feature_layers=taps)  # [N + 1, V], [N + 1, F]
         stats.target_passes += 1
-        verdict = verify_tree(tree, logits, params, gen)
+        if proposal.probs is not None and not params.greedy:  # drawn from q: recursive rejection sampling
+            target_probs = processed_probs(logits, params)  # [N + 1, V]
+            verdict = verify_sampled_tree(tree, target_probs, proposal.probs[: len(tree)], gen)
+        else:  # deterministic drafts: walk the tree along the target's draws
+            verdict = verify_tree(tree, logits, params, gen)
         model.keep_path(pos, verdict.rows)
         n = verdict.num_accepted
         self.drafter.observe(len(tree), n)
+        if verdict.tried:
+            self.drafter.observe_candidates(verdict.tried)
         controller.observe(len(tree), n, proposal.model_drafted)
         stats.record_tree(proposal.sources[0] if proposal.sources else "draft", len(tree), tree.depth, n)
         emitted = [*(int(inp[r]) for r in verdict.rows), verdict.next_token]

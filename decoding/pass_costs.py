@@ -43,15 +43,25 @@ class PassCosts:
             raise ValueError(f"relative costs start at 1.0 for one row, got {self.relative}")
 
     def best_rows(self, acceptance: float = REFERENCE_ACCEPTANCE) -> int:
-        """The pass size r (1 + drafts) with the most expected tokens per unit of cost, each draft kept
-        with probability `acceptance` given the one before: E(r) = (1 - a^r) / (1 - a) tokens a pass
-        (Leviathan et al. 2023, section 3.4). The largest measured size unless a smaller one is expected
-        to earn CLEAR_GAIN more: the costs are timings on a shared machine, and the largest size is what
-        the shipped defaults were tuned at where passes are cheap."""
-        def rate(r: int) -> float:
-            return (1 - acceptance**r) / (1 - acceptance) / self.relative[r - 1]
+        """The pass size r (1 + drafts) of a chain with the most expected tokens per unit of cost, each
+        draft kept with probability `acceptance` given the one before: draft i adds a^i tokens, E(r) =
+        (1 - a^r) / (1 - a) (Leviathan et al. 2023, section 3.4)."""
+        return self.best_size([acceptance**i for i in range(1, len(self.relative))])
 
-        largest = len(self.relative)
+    def best_size(self, gains: list[float]) -> int:
+        """The pass size r with the most expected tokens per unit of cost, where the pass's i-th draft adds
+        gains[i - 1] tokens (non-increasing: the chance it is reached and kept), the target's own token
+        one: (1 + gains[0] + ... + gains[r - 2]) / cost(r). The largest measured size unless a smaller
+        one is expected to earn CLEAR_GAIN more: the costs are timings on a shared machine, and the
+        largest size is what the shipped defaults were tuned at where passes are cheap."""
+        largest = min(len(self.relative), len(gains) + 1)
+        tokens = [1.0]
+        for g in gains[: largest - 1]:
+            tokens.append(tokens[-1] + g)
+
+        def rate(r: int) -> float:
+            return tokens[r - 1] / self.relative[r - 1]
+
         best = max(range(1, largest + 1), key=lambda r: (round(rate(r), 6), -r))
         return best if rate(best) > CLEAR_GAIN * rate(largest) else largest
 

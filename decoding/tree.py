@@ -9,8 +9,10 @@ and to its own ancestors only, at the position its depth gives it.
 Verification is exact for any sampling settings: at the root, draw the next token from the target's
 processed distribution (its argmax when greedy); where a child carries that token, keep the child and
 draw again from its row; else emit the drawn token and stop. Every emitted token is a plain draw from the
-target given the tokens before it; the drafts only decide how many draws one pass makes. Tree drafts are
-therefore deterministic (a head's most likely tokens) and carry no q.
+target given the tokens before it; the drafts only decide how many draws one pass makes. That suits
+deterministic drafts (greedy: a head's most likely tokens), which carry no q. Under sampling a head
+draws its tree from its own q and the tree is verified by recursive rejection sampling instead, which
+keeps more of it (decoding/tree_sampling.py).
 """
 
 from __future__ import annotations
@@ -75,13 +77,13 @@ class TokenTree:
         return kids
 
     def first_path(self) -> list[int]:
-        """The chain of each node's first child from the root: the drafter's single best guess."""
+        """[N'] the nodes of each node's first child from the root: the drafter's single best guess."""
         path: list[int] = []
         row = 0
         kids = self.children()
         while kids[row]:
             row = next(iter(kids[row].values()))
-            path.append(self.tokens[row - 1])
+            path.append(row - 1)
         return path
 
 
@@ -89,6 +91,9 @@ class TokenTree:
 class TreeVerdict:
     rows: list[int]  # input rows of the accepted nodes, root to leaf (the root, row 0, not included)
     next_token: int  # the target's own draw after the last accepted node
+    # sampled trees: candidates tried at each row visited (the root, then each accepted node): the last
+    # one tried was kept, except at the final row, where every one tried was rejected
+    tried: tuple[int, ...] = ()
 
     @property
     def num_accepted(self) -> int:

@@ -23,17 +23,20 @@ class Proposal:
     # how many of the tokens a model had to run for (the rest were free)
     model_drafted: int = 0
     # a draft tree (decoding/tree.py): each token's parent among the tokens, -1 for the root; None for a
-    # chain. Tree tokens are deterministic (probs None) and verified by walking the tree.
+    # chain. Deterministic tree tokens (probs None) are verified by walking the tree; tokens drawn from q
+    # (each row its parent's q) by recursive rejection sampling (decoding/tree_sampling.py).
     parents: list[int] | None = None
 
     def chain(self) -> Proposal:
-        """A chain for a caller that cannot verify a tree: the tree's first branch, still deterministic."""
+        """A chain for a caller that cannot verify a tree: the tree's first branch (each node's first
+        candidate was drawn from the q it carries)."""
         if self.parents is None:
             return self
         from decoding.tree import TokenTree
 
-        tokens = TokenTree(self.tokens, self.parents).first_path()
-        return Proposal(tokens=tokens, sources=self.sources[: len(tokens)], model_drafted=self.model_drafted)
+        path = TokenTree(self.tokens, self.parents).first_path()
+        return Proposal(tokens=[self.tokens[i] for i in path], probs=None if self.probs is None else self.probs[path],
+                        sources=[self.sources[i] for i in path], model_drafted=self.model_drafted)
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -58,6 +61,10 @@ class Drafter(ABC):
 
     def observe(self, num_proposed: int, num_accepted: int) -> None:  # noqa: B027 - optional hook
         """Feedback after verification: the first `num_accepted` of `num_proposed` tokens were kept."""
+
+    def observe_candidates(self, tried: tuple[int, ...]) -> None:  # noqa: B027 - optional hook
+        """After a sampled tree's verification (decoding/tree_sampling.py): the candidates tried at each
+        row visited, root first; the last one tried was kept, except at the final row."""
 
     costs: PassCosts | None = None  # this machine's pass costs, once fitted
 

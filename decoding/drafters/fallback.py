@@ -45,3 +45,7 @@ class FallbackDrafter(DrafterGroup):
     def observe(self, num_proposed: int, num_accepted: int) -> None:
         if self._chosen is not None:  # only the drafter that proposed hears how it did
             self._chosen.observe(num_proposed, num_accepted)
+
+    def observe_candidates(self, tried: tuple[int, ...]) -> None:
+        if self._chosen is not None:
+            self._chosen.observe_candidates(tried)

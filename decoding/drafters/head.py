@@ -19,6 +19,8 @@ from decoding.drafters.chain import draft_chain
 from decoding.drafters.context_vocab import ContextVocab
 from decoding.drafters.draft_model import common_prefix_length
 from decoding.drafters.head_tree import TreeShape, grow_tree
+from decoding.drafters.head_tree_sampled import grow_sampled_tree
+from decoding.drafters.sampled_tree import RETRY_ACCEPTANCE, plan_tree
 from decoding.sampling import SamplingParams
 
 
@@ -56,6 +58,9 @@ class HeadDrafter(Drafter):
         self._committed = 0  # pairs [0, committed) were built from verified features
         self._known = 0  # target features known for positions [0, known)
         self.length = DraftLength(self.max_tokens, self.max_tokens, self.costs)
+        self._sampled = False  # the last proposal was a sampled tree
+        # candidates after the first, kept where the ones before were rejected: a prior worth 4 tries
+        self._retry_kept, self._retry_tried = 4 * RETRY_ACCEPTANCE, 4.0
         self.vocab.reset()
         if self.hints is not None:
             self.hints.reset()
@@ -119,6 +124,8 @@ class HeadDrafter(Drafter):
             feature, logits, pos = out, lg[-1], pos + 1
         assert logits is not None
         self._drafted_tree = self.tree is not None and grammar is None
+        if self.tree is not None and grammar is None and not params.greedy:
+            return self._sampled_tree(logits, feature, last, max_tokens, params, generator)
         if self.tree is not None and grammar is None:
             # fitted to the machine: as many nodes as the chain's ceiling, the pass size that pays here
             tree, steps = grow_tree(self.head, logits, feature, last, self.tree, max_tokens, params, self.vocab,
@@ -140,12 +147,42 @@ class HeadDrafter(Drafter):
         return draft_chain(self.name, logits, k, params, generator, grammar, step, self.vocab.ids,
                            self.head.config.target_vocab_size, self.min_peak)
 
+    def _sampled_tree(self, logits: torch.Tensor, feature: torch.Tensor, last: int, max_tokens: int,
+                      params: SamplingParams, generator: torch.Generator) -> Proposal:
+        """Under sampling: the plan's shape at this request's acceptance so far, each node's candidates
+        drawn from its q (head_tree_sampled.py)."""
+        assert self.tree is not None
+        a, retry, depth = self.length.acceptance, self._retry_kept / self._retry_tried, max_tokens
+        nodes = self.tree.nodes
+        if self.costs is not None:  # fitted: as many nodes as pay on this machine, up to its largest pass
+            largest = plan_tree(len(self.costs.relative) - 1, depth, a, retry, self.tree.branch)
+            nodes = self.costs.best_size(largest.gains) - 1
+        plan = plan_tree(nodes, depth, a, retry, self.tree.branch)
+        tree, probs, steps = grow_sampled_tree(self.head, logits, feature, last, plan, params, self.vocab, generator,
+                                               self.hints.after if self.hints is not None else None, self.min_peak)
+        self._tree_depth = tree.depth
+        self._sampled = True
+        return Proposal(tokens=tree.tokens, probs=probs, sources=[self.name] * len(tree), model_drafted=steps + 1,
+                        parents=tree.parents)
+
+    def observe_candidates(self, tried: tuple[int, ...]) -> None:
+        # the first candidate of each row visited was kept or missed; later ones tell the retry rate
+        for i, count in enumerate(tried):
+            if count == 0:
+                continue
+            kept = i + 1 < len(tried)  # the row's last candidate tried was kept
+            self.length.record(int(kept and count == 1), int(count > 1 or not kept))
+            self._retry_tried += count - 1
+            self._retry_kept += int(kept and count > 1)
+
     @property
     def max_nodes(self) -> int:
         return self.tree.nodes if self.tree is not None else self.max_tokens
 
     def observe(self, num_proposed: int, num_accepted: int) -> None:
-        if self._drafted_tree:  # a tree's size does not follow the chain's schedule; its acceptance counts
+        if self._sampled:  # observe_candidates counts each candidate
+            self._sampled = False
+        elif self._drafted_tree:  # a tree's size does not follow the chain's schedule; its acceptance counts
             self.length.record(num_accepted, num_accepted < self._tree_depth)
         else:
             self.length.update(num_proposed, num_accepted)

@@ -7,6 +7,9 @@ run through the head in one step (each row reads the context and its own ancesto
 `branch` most likely tokens as children. Expansion stops at `depth`, or when no node of the last depth
 scores at least `min_score`. The `nodes` best-scoring nodes make the tree: a child never scores above
 its parent, so the selection keeps every chosen node's ancestors.
+
+That is the greedy tree. Under sampling the head draws its tree instead (head_tree_sampled.py), with
+the same `nodes` and `branch` bounds; `expand_nodes` is the head step both run.
 """
 
 from __future__ import annotations
@@ -36,7 +39,7 @@ class TreeShape:
 
 
 @dataclass(eq=False)
-class _Node:
+class Node:
     token: int
     parent: int  # -1: the root
     depth: int
@@ -45,18 +48,43 @@ class _Node:
     feature: torch.Tensor | None = None  # (1, D) the head's predicted feature, once expanded
 
 
-def _feature(node: _Node) -> torch.Tensor:
+def _feature(node: Node) -> torch.Tensor:
     assert node.feature is not None, "a parent is expanded before its children"
     return node.feature  # (1, D)
 
 
-def _path(nodes: list[_Node], node: _Node) -> list[int]:
+def path_tokens(nodes: list[Node], node: Node) -> list[int]:
     """The draft tokens from the root's first child down to `node`."""
     path = [node.token]
     while node.parent >= 0:
         node = nodes[node.parent]
         path.append(node.token)
     return path[::-1]
+
+
+def expand_nodes(head: DraftHead, nodes: list[Node], expand: list[int], slot: int, last: int, depth: int,
+                 feature: torch.Tensor, vocab: ContextVocab,
+                 hint: Callable[[list[int]], torch.Tensor] | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One head step over the nodes `expand` (indices into `nodes`, all `depth` deep), written at cache
+    slots [slot, slot + W); each row reads the context [0, last) and its own ancestors. `feature` (1, D)
+    is the root's. -> (predicted features (W, D), logits (W, Vd + n)) for each node's children."""
+    rows = [nodes[i] for i in expand]
+    mask = torch.zeros(len(rows), slot + len(rows), dtype=torch.bool)  # (W, slot + W)
+    mask[:, :last] = True  # the context
+    for r, node in enumerate(rows):
+        node.slot = slot + r
+        a: Node | None = node
+        while a is not None:  # the node and its ancestors
+            mask[r, a.slot] = True
+            a = nodes[a.parent] if a.parent >= 0 else None
+    parents = torch.cat([feature if n.parent < 0 else _feature(nodes[n.parent]) for n in rows])  # (W, D)
+    tokens = torch.tensor([n.token for n in rows])  # (W,)
+    hints = torch.cat([hint(path_tokens(nodes, n)) for n in rows]) if hint is not None else None  # (W, 2)
+    positions = torch.full((len(rows),), last + depth - 1)  # (W,)
+    out, lg = head.step(tokens, parents, slot, positions, mask, hints, vocab.extra)  # (W, D), (W, Vd + n)
+    for r, node in enumerate(rows):
+        node.feature = out[r : r + 1]
+    return out, lg
 
 
 def _ranked(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
@@ -78,13 +106,13 @@ def grow_tree(head: DraftHead, logits: torch.Tensor, feature: torch.Tensor, last
     nodes_cap = shape.nodes if max_nodes is None else min(shape.nodes, max_nodes)
     max_depth = min(max_depth, nodes_cap)
     ids = vocab.ids
-    nodes: list[_Node] = []
+    nodes: list[Node] = []
     probs = _ranked(logits.unsqueeze(0), params)[0]  # (Vd,)
     top = torch.topk(probs, shape.branch)
     frontier: list[int] = []
     for p, j in zip(top.values.tolist(), top.indices.tolist(), strict=True):
         if p > 0:
-            nodes.append(_Node(int(ids[j]), -1, 1, p))
+            nodes.append(Node(int(ids[j]), -1, 1, p))
             frontier.append(len(nodes) - 1)
     slot, steps = last, 0
     depth_limit = min(shape.depth, max_depth)
@@ -92,30 +120,17 @@ def grow_tree(head: DraftHead, logits: torch.Tensor, feature: torch.Tensor, last
         frontier = sorted(frontier, key=lambda i: -nodes[i].score)[: shape.width]
         if not frontier or nodes[frontier[0]].score < shape.min_score or slot + len(frontier) > head.max_seq_len:
             break
-        expanded, expand = frontier, [nodes[i] for i in frontier]
-        mask = torch.zeros(len(expand), slot + len(expand), dtype=torch.bool)  # (W, slot + W)
-        mask[:, :last] = True  # the context
-        for r, node in enumerate(expand):
-            node.slot = slot + r
-            a: _Node | None = node
-            while a is not None:  # the node and its ancestors
-                mask[r, a.slot] = True
-                a = nodes[a.parent] if a.parent >= 0 else None
-        parents = torch.cat([feature if n.parent < 0 else _feature(nodes[n.parent]) for n in expand])  # (W, D)
-        tokens = torch.tensor([n.token for n in expand])  # (W,)
-        hints = torch.cat([hint(_path(nodes, n)) for n in expand]) if hint is not None else None  # (W, 2)
-        positions = torch.full((len(expand),), last + depth - 1)  # (W,)
-        out, lg = head.step(tokens, parents, slot, positions, mask, hints, vocab.extra)  # (W, D), (W, Vd + n)
+        expanded = frontier
+        _, lg = expand_nodes(head, nodes, expanded, slot, last, depth, feature, vocab, hint)  # (W, Vd + n)
         steps += 1
-        slot += len(expand)
+        slot += len(expanded)
         probs = _ranked(lg, params)  # (W, Vd)
         top = torch.topk(probs, shape.branch, dim=-1)
         frontier = []
         for r, i in enumerate(expanded):
-            nodes[i].feature = out[r : r + 1]
             for p, j in zip(top.values[r].tolist(), top.indices[r].tolist(), strict=True):
                 if p > 0:
-                    nodes.append(_Node(int(ids[j]), i, depth + 1, nodes[i].score * p))
+                    nodes.append(Node(int(ids[j]), i, depth + 1, nodes[i].score * p))
                     frontier.append(len(nodes) - 1)
     # the best nodes; ties go to the shallower (so a parent before a child with its score), then older
     ranked = sorted(range(len(nodes)), key=lambda i: (-nodes[i].score, nodes[i].depth, i))

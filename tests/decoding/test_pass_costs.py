@@ -30,6 +30,18 @@ def test_long_passes_where_they_cost_little_short_ones_where_they_do_not() -> No
     assert AVX2_FP32.best_rows(0.8) == 9
 
 
+def test_the_best_size_for_any_expected_gains() -> None:
+    # a chain's gains a, a^2, ... are best_rows
+    for costs in (AVX512_BF16, AVX2_FP32):
+        for a in (0.3, 0.7, 0.95):
+            assert costs.best_size([a**i for i in range(1, 9)]) == costs.best_rows(a)
+    # a tree whose fourth node on adds almost nothing: three drafts where big passes cost more
+    steep = [0.9, 0.8, 0.7] + [0.01] * 5
+    assert AVX2_FP32.best_size(steep) == 4 and AVX512_BF16.best_size(steep) == 9
+    # no more rows than there are drafts to fill them
+    assert AVX512_BF16.best_size([0.9]) == 2
+
+
 def test_costs_are_relative_to_one_row() -> None:
     with pytest.raises(ValueError, match=r"start at 1\.0"):
         PassCosts((1.2, 1.3))

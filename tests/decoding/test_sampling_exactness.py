@@ -151,8 +151,10 @@ def _drafter(kind: str, target: LoadedModel) -> Drafter:
     if kind == "eagle+copy-head":  # a fixed vocabulary of 3 tokens; the prompt's 3 and 4 are scored as context
         head = trained_head(target, "eagle+copy", updates=6, vocab=torch.arange(3))
         return HeadDrafter(head, max_tokens=2)
-    if kind == "eagle-head-tree":  # deterministic drafts, verified by walking the tree
+    if kind == "eagle-head-tree":  # greedy: the head's likeliest tokens; sampling: a chain (sampled_tree.py)
         return HeadDrafter(trained_head(target, "eagle", updates=20), max_tokens=2, tree=TREE)
+    if kind == "eagle-head-sampled-tree":  # room for 6 nodes 2 deep: 3 candidates per depth (sampled_tree.py)
+        return HeadDrafter(trained_head(target, "eagle", updates=20), max_tokens=6, tree=TREE)
     if kind == "eagle3-head-tree":  # a head reading two depths of the target
         return HeadDrafter(trained_head(target, "eagle3", updates=20), max_tokens=2, tree=TREE)
     if kind == "ngram|eagle-head-tree":
@@ -179,6 +181,7 @@ PARAMS = {
      ("eagle-head", "t1.0"), ("eagle-head", "topk3"), ("ngram+eagle-head", "t0.7"),
      ("draft-cut", "t1.0"), ("draft-cut", "topp0.8"), ("ngram|eagle-head-cut", "t1.0"),
      ("eagle-head-tree", "t1.0"), ("eagle-head-tree", "topp0.8"), ("ngram|eagle-head-tree", "t0.7"),
+     ("eagle-head-sampled-tree", "t1.0"), ("eagle-head-sampled-tree", "topk3"),
      ("eagle3-head-tree", "t0.7"), ("eagle+copy-head", "t1.0"), ("eagle+copy-head", "topp0.8")],
 )
 def test_speculative_sampling_matches_target_distribution(tiny_model: TinyFactory, kind: str, params_name: str) -> None:
@@ -191,6 +194,8 @@ def test_speculative_sampling_matches_target_distribution(tiny_model: TinyFactor
     # every path of the verifier ran: accepted drafts, rejected drafts (recovered tokens)
     assert stats.accepted_tokens > 0.05 * stats.draft_tokens
     assert stats.accepted_tokens < 0.95 * stats.draft_tokens
+    if kind == "eagle-head-sampled-tree":  # second and third candidates were verified
+        assert stats.tree_passes > 0.5 * SAMPLES and stats.draft_tokens > 2 * stats.tree_passes  # > a chain
     if kind in CUTS:  # the cut both bound and let whole chains through
         counter = CUTS[kind]
         calls = counter.cut + counter.whole
