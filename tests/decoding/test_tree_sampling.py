@@ -146,7 +146,7 @@ def _keep(rank: int, a: float, r: float) -> float:
 def test_the_plan_is_the_likeliest_kept_paths(nodes: int, depth: int, a: float, r: float, branch: int) -> None:
     plan = plan_tree(nodes, depth, a, r, branch)
     assert len(plan.parents) == nodes and max(plan.depths) <= depth
-    value = []  # each node's chance to be reached and kept: the product along its path
+    value: list[float] = []  # each node's chance to be reached and kept: the product along its path
     for p, rank in zip(plan.parents, plan.ranks, strict=True):
         value.append((value[p] if p >= 0 else 1.0) * _keep(rank, a, r))
     assert sorted(value, reverse=True) == pytest.approx(plan.gains)
