@@ -121,10 +121,12 @@ def build_engine(
     with_grammar: bool = False,
     draft_tree: bool = True,
     fit: bool = True,
+    sampled_tree: bool = False,
 ) -> Engine:
     """`drafters` None: n-gram, plus the draft when there is one (given, or shipped for the target);
     `with_grammar` puts the grammar-forced drafter first (for constrained requests); `draft_tree`: a
-    draft head drafts a tree per pass (TreeShape's default), else a chain. `max_draft_tokens` is a
+    draft head drafts a tree per pass (TreeShape's default), else a chain; `sampled_tree`: under sampling
+    too (drawn from q), else the chain there. `max_draft_tokens` is a
     bound: with `fit`, n-gram lookup and the draft propose fewer a pass where this machine's bigger
     passes cost more than they are expected to earn (fit_to_machine)."""
     target_model = load_model(target, dtype)
@@ -134,7 +136,7 @@ def build_engine(
         drafters = ("ngram", "draft") if draft_model is not None else ("ngram",)
     if with_grammar and "grammar" not in drafters:
         drafters = ("grammar", *drafters)
-    tree = TreeShape() if draft_tree else None
+    tree = TreeShape(sampled=sampled_tree) if draft_tree else None
     drafter = build_drafter(list(drafters), target_model, draft_model, max_draft_tokens, tree)
     if fit and drafter is not None:
         fit_to_machine(target_model, drafter)

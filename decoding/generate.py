@@ -300,9 +300,9 @@ class Engine:
             verdict = verify_tree(tree, logits, params, gen)
         model.keep_path(pos, verdict.rows)
         n = verdict.num_accepted
-        self.drafter.observe(len(tree), n)
-        if verdict.tried:
+        if verdict.tried:  # a sampled tree: how each node's candidates fared, before the summary
             self.drafter.observe_candidates(verdict.tried)
+        self.drafter.observe(len(tree), n)
         controller.observe(len(tree), n, proposal.model_drafted)
         stats.record_tree(proposal.sources[0] if proposal.sources else "draft", len(tree), tree.depth, n)
         emitted = [*(int(inp[r]) for r in verdict.rows), verdict.next_token]

@@ -92,8 +92,9 @@ def build_configs(target: LoadedModel, draft: Draft | None, options: BenchOption
         composite = _some(build_drafter(["ngram", "draft"], target, draft, 8))
         configs.append(Config("engine ngram+draft", spec(composite), ref))
         if isinstance(draft, DraftHead):  # a head can draft a tree per pass instead of a chain
-            configs.append(Config("engine draft tree", spec(draft_drafter(draft, target, 8, TreeShape())), ref))
-            composite = _some(build_drafter(["ngram", "draft"], target, draft, 8, TreeShape()))
+            shape = TreeShape(sampled=not greedy)  # under sampling the engine drafts chains unless asked
+            configs.append(Config("engine draft tree", spec(draft_drafter(draft, target, 8, shape)), ref))
+            composite = _some(build_drafter(["ngram", "draft"], target, draft, 8, shape))
             configs.append(Config("engine ngram+draft tree", spec(composite), ref))
     if options.include_hf and greedy:
         # HF's assisted generation runs a standalone draft model; a draft head has no HF form, so against

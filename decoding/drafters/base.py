@@ -63,8 +63,9 @@ class Drafter(ABC):
         """Feedback after verification: the first `num_accepted` of `num_proposed` tokens were kept."""
 
     def observe_candidates(self, tried: tuple[int, ...]) -> None:  # noqa: B027 - optional hook
-        """After a sampled tree's verification (decoding/tree_sampling.py): the candidates tried at each
-        row visited, root first; the last one tried was kept, except at the final row."""
+        """After a sampled tree's verification (decoding/tree_sampling.py), before `observe`: the
+        candidates tried at each row visited, root first; the last one tried was kept, except at the
+        final row."""
 
     costs: PassCosts | None = None  # this machine's pass costs, once fitted
 

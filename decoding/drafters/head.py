@@ -33,7 +33,9 @@ class HeadDrafter(Drafter):
         self.max_tokens = max_tokens
         self.min_peak = min_peak  # stop the chain before a draft the model is less sure of (chain.py)
         self.tree = tree  # draft a tree (head_tree.py) instead of a chain, where no grammar constrains
-        self._drafted_tree = False
+        # the last proposal: "chain", "tree" (greedy), "sampled" (a sampled tree), "counted" (a sampled
+        # tree whose candidates observe_candidates has counted)
+        self._last = "chain"
         self._tree_depth = 0  # the last tree's depth
         self._cost = cost_per_token
         self._features = torch.zeros(0, head.config.feature_width)  # [S, F] the target's, by position
@@ -58,7 +60,6 @@ class HeadDrafter(Drafter):
         self._committed = 0  # pairs [0, committed) were built from verified features
         self._known = 0  # target features known for positions [0, known)
         self.length = DraftLength(self.max_tokens, self.max_tokens, self.costs)
-        self._sampled = False  # the last proposal was a sampled tree
         # candidates after the first, kept where the ones before were rejected: a prior worth 4 tries
         self._retry_kept, self._retry_tried = 4 * RETRY_ACCEPTANCE, 4.0
         self.vocab.reset()
@@ -123,10 +124,11 @@ class HeadDrafter(Drafter):
                                      extra=extra)
             feature, logits, pos = out, lg[-1], pos + 1
         assert logits is not None
-        self._drafted_tree = self.tree is not None and grammar is None
-        if self.tree is not None and grammar is None and not params.greedy:
+        self._last = "tree" if self.tree is not None and grammar is None and params.greedy else "chain"
+        if self.tree is not None and self.tree.sampled and grammar is None and not params.greedy:
             return self._sampled_tree(logits, feature, last, max_tokens, params, generator)
-        if self.tree is not None and grammar is None:
+        if self._last == "tree":
+            assert self.tree is not None
             # fitted to the machine: as many nodes as the chain's ceiling, the pass size that pays here
             tree, steps = grow_tree(self.head, logits, feature, last, self.tree, max_tokens, params, self.vocab,
                                     self.hints.after if self.hints is not None else None,
@@ -161,7 +163,7 @@ class HeadDrafter(Drafter):
         tree, probs, steps = grow_sampled_tree(self.head, logits, feature, last, plan, params, self.vocab, generator,
                                                self.hints.after if self.hints is not None else None, self.min_peak)
         self._tree_depth = tree.depth
-        self._sampled = True
+        self._last = "sampled"
         return Proposal(tokens=tree.tokens, probs=probs, sources=[self.name] * len(tree), model_drafted=steps + 1,
                         parents=tree.parents)
 
@@ -174,15 +176,17 @@ class HeadDrafter(Drafter):
             self.length.record(int(kept and count == 1), int(count > 1 or not kept))
             self._retry_tried += count - 1
             self._retry_kept += int(kept and count > 1)
+        self._last = "counted"
 
     @property
     def max_nodes(self) -> int:
         return self.tree.nodes if self.tree is not None else self.max_tokens
 
     def observe(self, num_proposed: int, num_accepted: int) -> None:
-        if self._sampled:  # observe_candidates counts each candidate
-            self._sampled = False
-        elif self._drafted_tree:  # a tree's size does not follow the chain's schedule; its acceptance counts
+        if self._last == "sampled":  # verified as a chain (a composite chains its first path): its first
+            self.length.record(num_accepted, int(num_accepted < num_proposed))  # candidates, kept or not
+        elif self._last == "tree":  # a tree's size does not follow the chain's schedule; its acceptance counts
             self.length.record(num_accepted, num_accepted < self._tree_depth)
-        else:
+        elif self._last == "chain":
             self.length.update(num_proposed, num_accepted)
+        # "counted": observe_candidates already counted every candidate of the sampled tree

@@ -36,6 +36,10 @@ class TreeShape:
     width: int = 1  # nodes expanded per depth
     depth: int = 5  # deepest node
     min_score: float = 0.2  # expand a depth only if its best node scores at least this
+    # under sampling: draw a tree from the head's q (head_tree_sampled.py), else draft the chain. The
+    # chain measured faster at T=0.7 on both 2-core machines (decoding/drafts/README.md, ninth session):
+    # a sampled tree keeps as many tokens a pass, in bigger passes and more head steps
+    sampled: bool = False
 
 
 @dataclass(eq=False)

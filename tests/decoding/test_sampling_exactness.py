@@ -104,8 +104,9 @@ def _target(tiny_model: TinyFactory) -> LoadedModel:
     return tiny_model(vocab_size=VOCAB, dtype=torch.float64, seed=3, logit_scale=0.5, n_layers=1)
 
 
-# a small tree: at the root, its 3 most likely tokens, each expanded by its 2 best (VOCAB is tiny)
-TREE = TreeShape(nodes=6, branch=3, width=3, depth=2, min_score=0.0)
+# a small tree: greedy, the root's 3 most likely tokens, each expanded by its 2 best (VOCAB is tiny); under
+# sampling, drawn from q (tree_sampling.py) in the shape the head's plan gives
+TREE = TreeShape(nodes=6, branch=3, width=3, depth=2, min_score=0.0, sampled=True)
 # confidence cuts (drafters/chain.py) that bind for a good share of these drafts' distributions
 CUT = 0.4
 HEAD_CUT = 0.6
@@ -151,7 +152,7 @@ def _drafter(kind: str, target: LoadedModel) -> Drafter:
     if kind == "eagle+copy-head":  # a fixed vocabulary of 3 tokens; the prompt's 3 and 4 are scored as context
         head = trained_head(target, "eagle+copy", updates=6, vocab=torch.arange(3))
         return HeadDrafter(head, max_tokens=2)
-    if kind == "eagle-head-tree":  # greedy: the head's likeliest tokens; sampling: a chain (sampled_tree.py)
+    if kind == "eagle-head-tree":  # at most 2 deep, as many nodes as the head's 2 drafts allow
         return HeadDrafter(trained_head(target, "eagle", updates=20), max_tokens=2, tree=TREE)
     if kind == "eagle-head-sampled-tree":  # room for 6 nodes 2 deep: 3 candidates per depth (sampled_tree.py)
         return HeadDrafter(trained_head(target, "eagle", updates=20), max_tokens=6, tree=TREE)

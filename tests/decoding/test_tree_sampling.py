@@ -176,7 +176,7 @@ def test_the_plan_is_a_chain_where_drafts_are_kept_and_wide_where_not() -> None:
 
 def _drafter(tiny_model: TinyFactory) -> tuple[HeadDrafter, int]:
     target = tiny_model(vocab_size=64, dtype=torch.float32, seed=1, logit_scale=2.0)
-    drafter = HeadDrafter(trained_head(target, "eagle"), max_tokens=6, tree=TreeShape(nodes=6, branch=3))
+    drafter = HeadDrafter(trained_head(target, "eagle"), max_tokens=6, tree=TreeShape(nodes=6, branch=3, sampled=True))
     drafter.prepare(64)
     drafter.observe_features(0, torch.randn(4, target.model.args.dim))
     return drafter, target.model.args.vocab_size
@@ -206,6 +206,15 @@ def test_a_sampled_tree_follows_its_plan_with_siblings_drawn_from_one_q(tiny_mod
     torch.testing.assert_close(chain.probs, proposal.probs[path])
 
 
+def test_under_sampling_a_tree_drafter_drafts_its_chain_unless_asked(tiny_model: TinyFactory) -> None:
+    drafter, _ = _drafter(tiny_model)
+    drafter.tree = TreeShape(nodes=6, branch=3)  # the default: trees for greedy decoding only
+    proposal = drafter.propose([0, 3, 4, 5], 6, SamplingParams(temperature=1.0), torch.Generator().manual_seed(0))
+    assert proposal.parents is None and proposal.probs is not None and len(proposal) >= 1
+    greedy = drafter.propose([0, 3, 4, 5], 6, SamplingParams(temperature=0.0), torch.Generator())
+    assert greedy.parents is not None and greedy.probs is None
+
+
 def test_the_drafter_learns_first_and_later_candidates_keep_rates(tiny_model: TinyFactory) -> None:
     drafter, _ = _drafter(tiny_model)
     a0, r0 = drafter.length.acceptance, drafter._retry_kept / drafter._retry_tried
@@ -213,4 +222,12 @@ def test_the_drafter_learns_first_and_later_candidates_keep_rates(tiny_model: Ti
     a1, r1 = drafter.length.acceptance, drafter._retry_kept / drafter._retry_tried
     assert a1 < a0 and r1 > r0
     drafter.observe_candidates((1, 1, 3))  # two first candidates kept, then three tried and rejected
-    assert drafter.length.acceptance > a1 and drafter._retry_kept / drafter._retry_tried < r1
+    a2 = drafter.length.acceptance
+    assert a2 > a1 and drafter._retry_kept / drafter._retry_tried < r1
+    drafter.observe(6, 2)  # the engine's summary of the same pass is not counted again
+    assert drafter.length.acceptance == a2
+    # a sampled tree that a composite verified as a chain (its first path) counts as a chain
+    proposal = drafter.propose([0, 3, 4, 5], 6, SamplingParams(temperature=1.0), torch.Generator().manual_seed(0))
+    assert proposal.parents is not None
+    drafter.observe(3, 0)
+    assert drafter.length.acceptance < a2
