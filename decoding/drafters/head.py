@@ -157,7 +157,7 @@ class HeadDrafter(Drafter):
         a, retry, depth = self.length.acceptance, self._retry_kept / self._retry_tried, max_tokens
         nodes = self.tree.nodes
         if self.costs is not None:  # fitted: as many nodes as pay on this machine, up to its largest pass
-            largest = plan_tree(len(self.costs.relative) - 1, depth, a, retry, self.tree.branch)
+            largest = plan_tree(min(len(self.costs.relative) - 1, self.max_nodes), depth, a, retry, self.tree.branch)
             nodes = self.costs.best_size(largest.gains) - 1
         plan = plan_tree(nodes, depth, a, retry, self.tree.branch)
         tree, probs, steps = grow_sampled_tree(self.head, logits, feature, last, plan, params, self.vocab, generator,
@@ -180,7 +180,10 @@ class HeadDrafter(Drafter):
 
     @property
     def max_nodes(self) -> int:
-        return self.tree.nodes if self.tree is not None else self.max_tokens
+        if self.tree is None:
+            return self.max_tokens
+        # a fitted sampled tree grows to the largest pass that pays, up to a chain's drafts
+        return max(self.tree.nodes, self.max_tokens) if self.tree.sampled else self.tree.nodes
 
     def observe(self, num_proposed: int, num_accepted: int) -> None:
         if self._last == "sampled":  # verified as a chain (a composite chains its first path): its first

@@ -57,7 +57,7 @@ def _feature(node: Node) -> torch.Tensor:
     return node.feature  # (1, D)
 
 
-def path_tokens(nodes: list[Node], node: Node) -> list[int]:
+def _path(nodes: list[Node], node: Node) -> list[int]:
     """The draft tokens from the root's first child down to `node`."""
     path = [node.token]
     while node.parent >= 0:
@@ -83,7 +83,7 @@ def expand_nodes(head: DraftHead, nodes: list[Node], expand: list[int], slot: in
             a = nodes[a.parent] if a.parent >= 0 else None
     parents = torch.cat([feature if n.parent < 0 else _feature(nodes[n.parent]) for n in rows])  # (W, D)
     tokens = torch.tensor([n.token for n in rows])  # (W,)
-    hints = torch.cat([hint(path_tokens(nodes, n)) for n in rows]) if hint is not None else None  # (W, 2)
+    hints = torch.cat([hint(_path(nodes, n)) for n in rows]) if hint is not None else None  # (W, 2)
     positions = torch.full((len(rows),), last + depth - 1)  # (W,)
     out, lg = head.step(tokens, parents, slot, positions, mask, hints, vocab.extra)  # (W, D), (W, Vd + n)
     for r, node in enumerate(rows):
