@@ -24,6 +24,15 @@ import torch
 from decoding.sampling import SamplingParams, next_token
 
 
+def depths_of(parents: list[int]) -> list[int]:
+    """[N] each node's depth from its parent ([N], -1 for the root, parents first): 1 for the root's
+    children, 2 for theirs, ..."""
+    depths: list[int] = []
+    for p in parents:
+        depths.append(1 if p < 0 else depths[p] + 1)
+    return depths
+
+
 @dataclass(frozen=True)
 class TokenTree:
     tokens: list[int]  # [N] node tokens
@@ -42,10 +51,7 @@ class TokenTree:
     @property
     def depths(self) -> list[int]:
         """[N] 1 for the root's children, 2 for theirs, ..."""
-        depths: list[int] = []
-        for p in self.parents:
-            depths.append(1 if p < 0 else depths[p] + 1)
-        return depths
+        return depths_of(self.parents)
 
     @property
     def depth(self) -> int:

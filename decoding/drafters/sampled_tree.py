@@ -21,6 +21,8 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 
+from decoding.tree import depths_of
+
 # the chance that a candidate other than the first is kept where the ones before it were rejected, before a
 # request has tried any (its own count takes over: HeadDrafter)
 RETRY_ACCEPTANCE = 0.2
@@ -34,10 +36,7 @@ class TreePlan:
 
     @property
     def depths(self) -> list[int]:
-        depths: list[int] = []
-        for p in self.parents:
-            depths.append(1 if p < 0 else depths[p] + 1)
-        return depths
+        return depths_of(self.parents)
 
 
 def plan_tree(nodes: int, depth: int, acceptance: float, retry: float = RETRY_ACCEPTANCE,
