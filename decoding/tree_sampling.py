@@ -74,8 +74,9 @@ def verify_sampled_tree(
                 row = child
                 break
             residual = (p - q).clamp_min(0.0)
-            if bool(residual.sum() > 0):  # else p == q: the rejection had probability ~0; p stays
-                p = residual / residual.sum()
+            mass = residual.sum()
+            if bool(mass > 0):  # else p == q: the rejection had probability ~0; p stays
+                p = residual / mass
             tried.append(x)
         else:
             return TreeVerdict(rows, sample(p, generator), tuple(counts))

@@ -130,7 +130,7 @@ class HeadDrafter(Drafter):
         if self._last == "tree":
             assert self.tree is not None
             # fitted to the machine: as many nodes as the chain's ceiling, the pass size that pays here
-            tree, steps = grow_tree(self.head, logits, feature, last, self.tree, max_tokens, params, self.vocab,
+            tree, steps = grow_tree(self.head, logits, feature, last, self.tree, max_tokens, self.vocab,
                                     self.hints.after if self.hints is not None else None,
                                     max_nodes=self.length.maximum if self.costs is not None else None)
             self._tree_depth = tree.depth

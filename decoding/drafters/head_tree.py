@@ -21,7 +21,6 @@ import torch
 
 from decoding.draft_head import DraftHead
 from decoding.drafters.context_vocab import ContextVocab
-from decoding.sampling import SamplingParams, processed_probs
 from decoding.tree import TokenTree
 
 
@@ -68,10 +67,11 @@ def _path(nodes: list[Node], node: Node) -> list[int]:
 
 def expand_nodes(head: DraftHead, nodes: list[Node], expand: list[int], slot: int, last: int, depth: int,
                  feature: torch.Tensor, vocab: ContextVocab,
-                 hint: Callable[[list[int]], torch.Tensor] | None) -> tuple[torch.Tensor, torch.Tensor]:
+                 hint: Callable[[list[int]], torch.Tensor] | None) -> torch.Tensor:
     """One head step over the nodes `expand` (indices into `nodes`, all `depth` deep), written at cache
     slots [slot, slot + W); each row reads the context [0, last) and its own ancestors. `feature` (1, D)
-    is the root's. -> (predicted features (W, D), logits (W, Vd + n)) for each node's children."""
+    is the root's. Each node keeps its predicted feature (1, D) for its children's step. -> logits
+    (W, Vd + n) for each node's children."""
     rows = [nodes[i] for i in expand]
     mask = torch.zeros(len(rows), slot + len(rows), dtype=torch.bool)  # (W, slot + W)
     mask[:, :last] = True  # the context
@@ -88,18 +88,11 @@ def expand_nodes(head: DraftHead, nodes: list[Node], expand: list[int], slot: in
     out, lg = head.step(tokens, parents, slot, positions, mask, hints, vocab.extra)  # (W, D), (W, Vd + n)
     for r, node in enumerate(rows):
         node.feature = out[r : r + 1]
-    return out, lg
-
-
-def _ranked(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    # logits: (R, Vd) -> (R, Vd) the head's distribution, processed as the target's will be sampled
-    if params.greedy:
-        return torch.softmax(logits.float(), dim=-1)
-    return processed_probs(logits.float(), params)
+    return lg
 
 
 def grow_tree(head: DraftHead, logits: torch.Tensor, feature: torch.Tensor, last: int, shape: TreeShape,
-              max_depth: int, params: SamplingParams, vocab: ContextVocab,
+              max_depth: int, vocab: ContextVocab,
               hint: Callable[[list[int]], torch.Tensor] | None = None,
               max_nodes: int | None = None) -> tuple[TokenTree, int]:
     """logits: (Vd + n,) the head's for the first draft, over `vocab.ids`; feature: (1, D) its predicted
@@ -111,7 +104,7 @@ def grow_tree(head: DraftHead, logits: torch.Tensor, feature: torch.Tensor, last
     max_depth = min(max_depth, nodes_cap)
     ids = vocab.ids
     nodes: list[Node] = []
-    probs = _ranked(logits.unsqueeze(0), params)[0]  # (Vd,)
+    probs = torch.softmax(logits.float(), dim=-1)  # (Vd,) the head's distribution
     top = torch.topk(probs, shape.branch)
     frontier: list[int] = []
     for p, j in zip(top.values.tolist(), top.indices.tolist(), strict=True):
@@ -125,10 +118,10 @@ def grow_tree(head: DraftHead, logits: torch.Tensor, feature: torch.Tensor, last
         if not frontier or nodes[frontier[0]].score < shape.min_score or slot + len(frontier) > head.max_seq_len:
             break
         expanded = frontier
-        _, lg = expand_nodes(head, nodes, expanded, slot, last, depth, feature, vocab, hint)  # (W, Vd + n)
+        lg = expand_nodes(head, nodes, expanded, slot, last, depth, feature, vocab, hint)  # (W, Vd + n)
         steps += 1
         slot += len(expanded)
-        probs = _ranked(lg, params)  # (W, Vd)
+        probs = torch.softmax(lg.float(), dim=-1)  # (W, Vd)
         top = torch.topk(probs, shape.branch, dim=-1)
         frontier = []
         for r, i in enumerate(expanded):

@@ -53,7 +53,7 @@ def grow_sampled_tree(head: DraftHead, logits: torch.Tensor, feature: torch.Tens
         expand = [i for i, n in enumerate(nodes) if n.depth == depth and kids[planned[i] + 1]]
         if not expand or slot + len(expand) > head.max_seq_len:
             break
-        _, lg = expand_nodes(head, nodes, expand, slot, last, depth, feature, vocab, hint)  # (W, Vd + n)
+        lg = expand_nodes(head, nodes, expand, slot, last, depth, feature, vocab, hint)  # (W, Vd + n)
         steps += 1
         slot += len(expand)
         q = processed_probs(lg, params)  # (W, Vd + n)

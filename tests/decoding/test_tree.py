@@ -81,7 +81,7 @@ def test_head_grows_a_well_formed_tree(tiny_model: TinyFactory) -> None:
     context = torch.tensor([0, 3, 4, 5, 3, 4])
     feature, logits = head.step(context[1:], torch.randn(5, head.config.dim), 0)
     shape = TreeShape(nodes=10, branch=3, width=2, depth=4, min_score=0.0)
-    tree, steps = grow_tree(head, logits[-1], feature[-1:], 5, shape, 8, SamplingParams(temperature=0.0),
+    tree, steps = grow_tree(head, logits[-1], feature[-1:], 5, shape, 8,
                              ContextVocab(head.vocab, 64, enabled=False))
     assert len(tree) == 10 and tree.depth <= 4 and steps == 3
     assert sorted(tree.depths) == tree.depths  # breadth first
@@ -89,7 +89,7 @@ def test_head_grows_a_well_formed_tree(tiny_model: TinyFactory) -> None:
     best = head.vocab[torch.topk(logits[-1], 3).indices].tolist()
     assert sorted(t for t, p in zip(tree.tokens, tree.parents, strict=True) if p < 0) == sorted(best)
     # a pass capped at 3 drafts (a machine where bigger passes do not pay): the 3 best nodes, no deeper
-    small, _ = grow_tree(head, logits[-1], feature[-1:], 5, shape, 8, SamplingParams(temperature=0.0),
+    small, _ = grow_tree(head, logits[-1], feature[-1:], 5, shape, 8,
                          ContextVocab(head.vocab, 64, enabled=False), max_nodes=3)
     assert len(small) == 3 and small.depth <= 3
 
