@@ -68,6 +68,22 @@ def test_a_one_token_pass_reads_only_what_its_mask_allows(tiny_model: TinyFactor
     unmasked = attn(x, cos, sin, 5, None)
     assert not torch.allclose(unmasked, one)  # slot 2 matters: the mask is what the two agree on
 
+def test_a_bf16_cache_stores_float32_and_is_read_in_float64(tiny_model: TinyFactory) -> None:
+    # a bf16 model attends in float64 (exact verify passes) over keys and values kept in float32, half the
+    # memory a long context streams each step; every pass reads the same stored values, so a verify
+    # pass of several rows still gives the bits of single steps
+    model = tiny_model(vocab_size=50, dtype=torch.bfloat16, seed=3).model
+    model.setup_cache(32)
+    tokens = torch.tensor([0, 5, 9, 3, 3, 41, 7, 12])
+    full = model(tokens, 0)  # (T, V)
+    cache = model.blocks[0].attention.kv_cache
+    assert cache is not None and cache.k.dtype == cache.v.dtype == torch.float32
+    assert model.attention_dtype == torch.float64
+    model(tokens[:5], 0)
+    steps = torch.stack([model(tokens[i : i + 1], i)[0] for i in range(5, len(tokens))])  # (3, V)
+    assert torch.equal(steps, full[5:])  # the same stored values, the same bits
+
+
 def test_context_overflow_is_refused(tiny_model: TinyFactory) -> None:
     model = tiny_model().model
     model.setup_cache(8)
