@@ -68,20 +68,31 @@ def test_a_one_token_pass_reads_only_what_its_mask_allows(tiny_model: TinyFactor
     unmasked = attn(x, cos, sin, 5, None)
     assert not torch.allclose(unmasked, one)  # slot 2 matters: the mask is what the two agree on
 
-def test_a_bf16_cache_stores_float32_and_is_read_in_float64(tiny_model: TinyFactory) -> None:
-    # a bf16 model attends in float64 (exact verify passes) over keys and values kept in float32, half the
-    # memory a long context streams each step; every pass reads the same stored values, so a verify
-    # pass of several rows still gives the bits of single steps
+def test_a_bf16_model_reads_its_float32_cache_in_float64_past_the_prompt(
+        tiny_model: TinyFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    # keys and values are kept in float32 (half the memory a long context streams each step); the prompt's
+    # own pass attends over them as stored, every later pass in float64 (exact verify passes)
     model = tiny_model(vocab_size=50, dtype=torch.bfloat16, seed=3).model
     model.setup_cache(32)
-    tokens = torch.tensor([0, 5, 9, 3, 3, 41, 7, 12])
-    full = model(tokens, 0)  # (T, V)
     cache = model.blocks[0].attention.kv_cache
     assert cache is not None and cache.k.dtype == cache.v.dtype == torch.float32
-    assert model.attention_dtype == torch.float64
-    model(tokens[:5], 0)
+    seen: list[tuple[int, torch.dtype]] = []  # (query rows, dtype) of each attention call
+    attend = F.scaled_dot_product_attention
+
+    def spy(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kw: object) -> torch.Tensor:
+        assert q.dtype == k.dtype == v.dtype
+        seen.append((q.shape[2], q.dtype))
+        return attend(q, k, v, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    tokens = torch.tensor([0, 5, 9, 3, 3, 41, 7, 12])
+    model(tokens[:5], 0)  # the prompt
+    assert set(seen) == {(5, torch.float32)}
+    seen.clear()
+    verify = model(tokens[5:], 5)  # (3, V) a verify pass of three rows
     steps = torch.stack([model(tokens[i : i + 1], i)[0] for i in range(5, len(tokens))])  # (3, V)
-    assert torch.equal(steps, full[5:])  # the same stored values, the same bits
+    assert {dtype for _, dtype in seen} == {torch.float64}
+    assert torch.equal(verify, steps)  # the same stored values read in float64: the same bits
 
 
 def test_context_overflow_is_refused(tiny_model: TinyFactory) -> None:
