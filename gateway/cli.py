@@ -12,7 +12,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from decoding.bench.workload import CATEGORIES, CONSTRAINED
+from decoding.bench.workload import CATEGORIES, CONSTRAINED, LONG
 from decoding.errors import DecodingError, InvalidRequestError, UnknownToolError
 from gateway.auth import NoKeysError
 from policies.loader import PolicyError
@@ -318,8 +318,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--quick", action="store_true", help="a subset: two prompts per category, 64 tokens each")
     bench.add_argument("--json", default=None, metavar="FILE", help="write the results as JSON")
     bench.add_argument("--max-tokens", type=int, default=None, help="new tokens per prompt (default 128)")
-    bench.add_argument("--category", action="append", default=None, choices=[*CATEGORIES, CONSTRAINED],
-                       help="only these categories (repeat the option for several)")
+    bench.add_argument("--category", action="append", default=None, choices=[*CATEGORIES, CONSTRAINED, LONG],
+                       help="only these categories (repeat the option for several); `long` (agent sessions of "
+                            "1.9k-2.6k tokens) runs only when named")
     bench.add_argument("--temperature", type=float, default=0.0)
     bench.add_argument("--dtype", default="auto")
     bench.add_argument("--draft", default=None,

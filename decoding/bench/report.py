@@ -37,15 +37,24 @@ class Measurement:
     """What one configuration did on one category."""
 
     tokens: int = 0
-    seconds: float = 0.0
+    seconds: float = 0.0  # prompt processing included, as the peers' numbers are
+    # the tokens after each output's first, and the seconds they took: decoding alone, where a long prompt's
+    # processing would hide what speculation does (None where a peer does not time its first token)
+    decode_tokens: int = 0
+    decode_seconds: float | None = 0.0
     stats: SpecStats | None = None
     compared: int = 0  # prompts compared with the reference output
     identical: int = 0
     divergences: list[Divergence] = field(default_factory=list)
 
-    def add(self, tokens: int, seconds: float, stats: SpecStats | None) -> None:
+    def add(self, tokens: int, seconds: float, stats: SpecStats | None, decode_seconds: float | None = None) -> None:
         self.tokens += tokens
         self.seconds += seconds
+        if decode_seconds is None or self.decode_seconds is None:
+            self.decode_seconds = None
+        else:
+            self.decode_tokens += max(tokens - 1, 0)
+            self.decode_seconds += decode_seconds
         if stats is not None:
             if self.stats is None:
                 self.stats = SpecStats()
@@ -55,6 +64,10 @@ class Measurement:
     def tokens_per_s(self) -> float:
         return self.tokens / self.seconds if self.seconds else 0.0
 
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        return self.decode_tokens / self.decode_seconds if self.decode_seconds else None
+
 
 @dataclass
 class Row:
@@ -63,10 +76,12 @@ class Row:
     reference: str | None  # the configuration whose greedy output this one must equal
     m: Measurement
     baseline_tps: float
+    baseline_decode_tps: float | None = None  # target-only's decoding alone
 
     def to_dict(self) -> dict[str, Any]:
         s = self.m.stats
         spec = s if s is not None and s.draft_tokens > 0 else None
+        decode = self.m.decode_tokens_per_s
         return {
             "name": self.name,
             "category": self.category,
@@ -77,6 +92,9 @@ class Row:
             "mean_acceptance_length": round(spec.mean_acceptance_length, 4) if spec else None,
             "target_passes_per_token": round(s.target_passes / self.m.tokens, 4) if s and self.m.tokens else None,
             "speedup_vs_target_only": round(self.m.tokens_per_s / self.baseline_tps, 3) if self.baseline_tps else None,
+            "decode_tokens_per_s": round(decode, 2) if decode else None,
+            "decode_speedup_vs_target_only": (round(decode / self.baseline_decode_tps, 3)
+                                              if decode and self.baseline_decode_tps else None),
             "greedy_identical": (self.m.identical == self.m.compared) if self.reference and self.m.compared else None,
             "reference": self.reference,
             "identical_prompts": f"{self.m.identical}/{self.m.compared}" if self.reference else None,
@@ -104,8 +122,8 @@ class BenchReport:
         return "\n\n".join(tables)
 
     def _table(self) -> str:
-        head = f"{'configuration':<26}{'category':<10}{'tok/s':>8}{'speedup':>9} {'accept':>8}{'acc.len':>8}" \
-               f"{'pass/tok':>9}  identical"
+        head = f"{'configuration':<26}{'category':<10}{'tok/s':>8}{'speedup':>9} {'decode':>7} {'accept':>8}" \
+               f"{'acc.len':>8}{'pass/tok':>9}  identical"
         lines = [head, "-" * len(head)]
         for r in self.rows:
             d = r.to_dict()
@@ -121,6 +139,7 @@ class BenchReport:
             lines.append(
                 f"{r.name:<26}{r.category:<10}{fmt(d['tokens_per_s'], '8.1f')}"
                 f"{fmt(d['speedup_vs_target_only'], '8.2f')}x "
+                f"{fmt(d['decode_speedup_vs_target_only'], '6.2f')}x "
                 f"{fmt(d['acceptance_rate'], '8.2f')}{fmt(d['mean_acceptance_length'], '8.2f')}"
                 f"{fmt(d['target_passes_per_token'], '9.3f')}  {ident}"
             )

@@ -46,8 +46,9 @@ class BenchOptions:
     fit_to_machine: bool = True  # size proposals by this machine's pass costs (build.fit_to_machine)
 
 
-# a configuration: prompt ids, max tokens, seed -> (generated tokens, speculative stats or None)
-RunFn = Callable[[list[int], int, int], tuple[list[int], SpecStats | None]]
+# a configuration: prompt ids, max tokens, seed -> (generated tokens, speculative stats or None, seconds
+# from the first token to the last or None where the peer does not say)
+RunFn = Callable[[list[int], int, int], tuple[list[int], SpecStats | None, float | None]]
 
 
 @dataclass
@@ -58,13 +59,13 @@ class Config:
 
 
 def _engine_run(engine: Engine, speculative: bool, temperature: float) -> RunFn:
-    def run(prompt: list[int], max_new_tokens: int, seed: int) -> tuple[list[int], SpecStats | None]:
+    def run(prompt: list[int], max_new_tokens: int, seed: int) -> tuple[list[int], SpecStats | None, float | None]:
         config = GenerationConfig(
             max_new_tokens=max_new_tokens, sampling=SamplingParams(temperature=temperature, seed=seed),
             speculative=speculative,
         )
         result = engine.complete(prompt, config)
-        return result.token_ids, result.stats
+        return result.token_ids, result.stats, result.decode_s
 
     return run
 
@@ -103,8 +104,9 @@ def build_configs(target: LoadedModel, draft: Draft | None, options: BenchOption
         hf = HFRunner(target, standalone)
         modes = ["generate", "prompt_lookup"] + (["assisted"] if standalone is not None else [])
         for mode in modes:
-            def run(prompt: list[int], n: int, seed: int, mode: str = mode) -> tuple[list[int], SpecStats | None]:
-                return hf.generate(prompt, n, mode), None
+            def run(prompt: list[int], n: int, seed: int,
+                    mode: str = mode) -> tuple[list[int], SpecStats | None, float | None]:
+                return hf.generate(prompt, n, mode), None, None
 
             name = {"generate": "hf generate", "prompt_lookup": "hf prompt-lookup", "assisted": "hf assisted"}[mode]
             # HF computes in its own bf16 numerics (bf16 attention and residual), so its reference is
@@ -114,8 +116,8 @@ def build_configs(target: LoadedModel, draft: Draft | None, options: BenchOption
         cpp = LlamaCppRunner(str(embedded_gguf_path()))
         eos = target.tokenizer.eos_token_ids
 
-        def run_cpp(prompt: list[int], n: int, seed: int) -> tuple[list[int], SpecStats | None]:
-            return cpp.generate(prompt, n, eos), None
+        def run_cpp(prompt: list[int], n: int, seed: int) -> tuple[list[int], SpecStats | None, float | None]:
+            return cpp.generate(prompt, n, eos), None, None
 
         configs.append(Config("llama.cpp (Q4_1)", run_cpp, None))  # other kernels, other numerics
     return configs
@@ -168,11 +170,11 @@ def run_bench(options: BenchOptions) -> BenchReport:
         for config in configs:
             bar.set_postfix_str(f"{prompt.id} {config.name}")
             start = time.perf_counter()
-            tokens, stats = config.run(encoded[prompt.id], options.max_new_tokens, options.seed)
+            tokens, stats, decode_s = config.run(encoded[prompt.id], options.max_new_tokens, options.seed)
             seconds = time.perf_counter() - start
             outputs[(config.name, prompt.id)] = tokens
             for category in (prompt.category, "all"):
-                results.setdefault((config.name, category), Measurement()).add(len(tokens), seconds, stats)
+                results.setdefault((config.name, category), Measurement()).add(len(tokens), seconds, stats, decode_s)
             bar.update(1)
     bar.close()
 
@@ -196,7 +198,8 @@ def run_bench(options: BenchOptions) -> BenchReport:
     for category in categories:
         baseline = results[(TARGET_ONLY, category)].tokens_per_s
         for config in configs:
-            rows.append(Row(config.name, category, config.reference, results[(config.name, category)], baseline))
+            rows.append(Row(config.name, category, config.reference, results[(config.name, category)], baseline,
+                            results[(TARGET_ONLY, category)].decode_tokens_per_s))
     return BenchReport(rows, _meta(target, draft, options, len(prompts)), constrained)
 
 

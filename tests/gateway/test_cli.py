@@ -117,11 +117,15 @@ def test_bench_quick_writes_the_documented_json(tmp_path: Path) -> None:
     names = {r["name"] for r in data["configs"]}
     assert {"engine target-only", "engine ngram", "hf generate", "hf prompt-lookup"} <= names
     keys = {"name", "category", "tokens_per_s", "acceptance_rate", "mean_acceptance_length",
-            "target_passes_per_token", "speedup_vs_target_only", "greedy_identical", "divergences"}
+            "target_passes_per_token", "speedup_vs_target_only", "decode_speedup_vs_target_only", "greedy_identical",
+            "divergences"}
     for row in data["configs"]:
         assert keys <= set(row)
         assert row["category"] in {"copy", "all"}
         assert row["tokens_per_s"] > 0
+    # decoding alone (past each output's first token) where the engine times it; HF does not say
+    assert all(r["decode_speedup_vs_target_only"] > 0 for r in data["configs"] if r["name"].startswith("engine"))
+    assert all(r["decode_speedup_vs_target_only"] is None for r in data["configs"] if r["name"].startswith("hf"))
     ngram = next(r for r in data["configs"] if r["name"] == "engine ngram" and r["category"] == "all")
     assert ngram["acceptance_rate"] is not None and ngram["target_passes_per_token"] < 1.0
 
