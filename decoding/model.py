@@ -49,7 +49,8 @@ class KVCache(nn.Module):
     agent's long context, reading the cache is much of a decode step, and float32 halves it (a step of
     the embedded model at a 1,800-token context: 27.8 -> 24.9 ms on the 2-core development CPU). Every
     pass reads the same stored values, so a verify pass still reproduces single steps bit for bit;
-    values come out of the bf16 projection exactly, keys (rotated in float64) rounded once to float32."""
+    values are the projection's own (bf16, or float32 where its reduction was split), keys (rotated in
+    float64) are rounded once to float32."""
 
     k: torch.Tensor
     v: torch.Tensor

@@ -132,6 +132,7 @@ class BenchReport:
                 width = int(spec.split(".")[0])
                 return "-".rjust(width) if v is None else format(v, spec)
 
+            decode = d["decode_speedup_vs_target_only"]
             ident = "-" if d["greedy_identical"] is None else ("yes" if d["greedy_identical"] else "NO")
             if d["divergences"]:
                 ties = sum(1 for x in d["divergences"] if x["near_tie"])
@@ -139,7 +140,7 @@ class BenchReport:
             lines.append(
                 f"{r.name:<26}{r.category:<10}{fmt(d['tokens_per_s'], '8.1f')}"
                 f"{fmt(d['speedup_vs_target_only'], '8.2f')}x "
-                f"{fmt(d['decode_speedup_vs_target_only'], '6.2f')}x "
+                f"{'-'.rjust(7) if decode is None else format(decode, '6.2f') + 'x'} "
                 f"{fmt(d['acceptance_rate'], '8.2f')}{fmt(d['mean_acceptance_length'], '8.2f')}"
                 f"{fmt(d['target_passes_per_token'], '9.3f')}  {ident}"
             )
