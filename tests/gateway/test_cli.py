@@ -52,7 +52,7 @@ def test_serve_refuses_an_address_it_cannot_bind(args: tuple[str, ...], message:
 
 @pytest.mark.parametrize(("args", "message"), [
     (("--quick", "--category", "foo"), "invalid choice: 'foo' (choose from 'tool', 'copy', 'summary', 'chat', "
-                                       "'constrained')"),
+                                       "'constrained', 'long')"),
     (("--gateway", "--requests", "0"), "--requests: must be at least 1, got 0"),
     (("--quick", "--json", "/nonexistent/dir/x.json"), "cannot write /nonexistent/dir/x.json: no directory"),
     (("--gateway", "--policy", "{upstream_only}"), "routes: no local route to bench"),
