@@ -109,7 +109,7 @@ class HeadDrafter(Drafter):
         feature, logits = None, None
         if verified > keep:  # pairs with the target's own features, in one pass
             out, lg = self.head.step(ctx[keep + 1 : verified + 1], self._pair_features(keep, verified), keep,
-                                     hints=self._pair_hints(keep, verified), extra=extra)
+                                     hints=self._pair_hints(keep, verified), extra=extra, last_only=True)
             feature, logits = out[-1:], lg[-1]
         self._tokens, self._committed = list(context[: verified + 1]), verified
         # pairs past the verified features (tokens other drafters proposed), then the drafts themselves

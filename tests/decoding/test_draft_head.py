@@ -51,9 +51,14 @@ def test_unrolled_steps_equal_decode_time_steps(tiny_model: TinyFactory, design:
     verified_feats = feats[: last_verified + 1] if feats is not None else None
     hints = sequence_hints(tokens)[1:]  # (T - 1, 2): pair j reads token j + 1, and the hint after it
     use = head.config.copy_hint
-    predicted, _ = head.step(tokens[1 : last_verified + 2], verified_feats, 0,
-                             hints=hints[: last_verified + 1] if use else None)
+    predicted, logits = head.step(tokens[1 : last_verified + 2], verified_feats, 0,
+                                  hints=hints[: last_verified + 1] if use else None)
     torch.testing.assert_close(outputs[0][: last_verified + 1], predicted, rtol=1e-4, atol=1e-4)
+    # a request's prompt: the same pass, scored at its last row only
+    last, last_logits = head.step(tokens[1 : last_verified + 2], verified_feats, 0,
+                                  hints=hints[: last_verified + 1] if use else None, last_only=True)
+    assert torch.equal(last, predicted[-1:]) and last_logits.shape == (1, logits.shape[1])
+    torch.testing.assert_close(last_logits, logits[-1:], rtol=1e-5, atol=1e-5)
     feature = predicted[-1:]
     for u in range(1, steps):  # chain: pair last_verified + u reads the feature predicted one step earlier
         pos = last_verified + u
