@@ -2,7 +2,8 @@
 
 The cache is a preallocated buffer written at `input_pos`; attention reads only positions <= the query's,
 so rolling back rejected draft tokens costs nothing: the next forward overwrites them. The residual
-stream is float32; attention is float64 for a bf16 model (see `attention_dtype`), so that a verify pass
+stream is float32; a bf16 model's decode and verify passes attend through an exact float32 kernel
+(decoding/kernels; float64 without a C compiler, see `attention_dtype`), so that a verify pass
 reproduces single steps bit for bit, over keys and values kept in float32 (see `KVCache`). Covers llama,
 mistral and qwen2-style checkpoints (RMSNorm, rotary embeddings in the half-split layout of HF, grouped
 query attention, SwiGLU MLP, optional q/k/v bias, tied or untied LM head).
@@ -16,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from decoding import kernels
 from decoding.tree import TokenTree
 
 # bf16 logits within this distance of a row's maximum are recomputed in float32 (see refine_top_logits)
@@ -44,8 +46,9 @@ class ModelArgs:
 class KVCache(nn.Module):
     """Keys and values of every layer position, written in place at `input_pos`, read in `dtype`.
 
-    A bf16 model's cache, read by float64 attention, keeps them in float32 and copies them into
-    `scratch` (one float64 buffer the layers share, as they run one after another) for each pass: at an
+    A bf16 model's cache keeps them in float32. The exact kernel (decoding/kernels) reads them as
+    stored; float64 attention (without the kernel) copies them into `scratch` (one float64 buffer the
+    layers share, as they run one after another) for each pass: at an
     agent's long context, reading the cache is much of a decode step, and float32 halves it (a step of
     the embedded model at a 1,800-token context: 27.8 -> 24.9 ms on the 2-core development CPU). Every
     pass reads the same stored values, so a verify pass still reproduces single steps bit for bit;
@@ -138,6 +141,8 @@ class Attention(nn.Module):
         self.wqkv = nn.Linear(args.dim, args.dim + 2 * kv_dim, bias=args.qkv_bias)
         self.wo = nn.Linear(args.dim, args.dim, bias=False)
         self.kv_cache: KVCache | None = None
+        # decode and verify passes attend through decoding/kernels (exact float32) instead of float64
+        self.exact_kernel = False
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int, mask: torch.Tensor | None
@@ -155,9 +160,13 @@ class Attention(nn.Module):
         # Transformer.attention_dtype): float32 for a bf16 model, half the time of float64 at 2k tokens
         prompt = mask is None and t > 1
         assert not prompt or start == 0, "a multi-token pass past position 0 needs its mask"
-        k, v = self.kv_cache.update(start, qk[:, nh:], qkv[:, nh + nkv :], start + t, stored=prompt)
+        k, v = self.kv_cache.update(start, qk[:, nh:], qkv[:, nh + nkv :], start + t,
+                                    stored=prompt or self.exact_kernel)
         q = q.to(k.dtype)  # k, v: (1, nkv, start + T, hd)
-        if t == 1 and mask is None and nh != nkv:
+        if self.exact_kernel and not prompt:
+            # every row the bits of the single step it stands for, in float32 (decoding/kernels)
+            y = kernels.exact_attention(q, k, v, start + t, mask)  # (1, nh, T, hd)
+        elif t == 1 and mask is None and nh != nkv:
             # one token: the heads sharing a kv head are that head's queries, so the kernel reads each
             # cached key once instead of once per query head
             y = F.scaled_dot_product_attention(q.reshape(1, nkv, nh // nkv, hd), k, v).reshape(1, nh, 1, hd)
@@ -235,16 +244,21 @@ class Transformer(nn.Module):
 
     @property
     def attention_dtype(self) -> torch.dtype:
-        """float64 for bf16 (and float64) models: the attention kernel blocks its work differently for
-        a k-token verify pass than for a single step; in float64 that difference (~1e-16) never
+        """float64 for bf16 (and float64) models: torch's attention kernel blocks its work differently
+        for a k-token verify pass than for a single step; in float64 that difference (~1e-16) never
         survives the cast back to bf16, so a verify pass reproduces single steps bit for bit and
         greedy speculation is token-identical even in bf16. Set `exact_attention = False` for
-        float32 attention: faster, with rare near-tie flips.
+        torch's float32 attention: faster, with rare near-tie flips.
+
+        Where decoding/kernels builds (a C compiler), a bf16 model's decode and verify passes attend
+        through it instead: float32, and exact by construction (each row computed alike in any pass),
+        2-5x faster than float64 here. Queries and keys are still rotated in this dtype; keys are
+        stored in float32 either way, so the cache holds the same values on both paths.
 
         A bf16 model's prompt pass (from position 0) attends in float32, over the cache as stored:
         every request reads its prompt through that one pass, speculative or not, so both paths
         decode from the same cache and the same first logits; what must agree bit for bit is a
-        verify pass with the single steps it stands for, and those stay in float64. A 2,300-token
+        verify pass with the single steps it stands for, and those use the kernel or float64. A 2,300-token
         prompt of the embedded model takes ~1.9 s instead of 4.5 s on the 2-core development CPU."""
         if self.dtype == torch.float64 or (self.dtype == torch.bfloat16 and self.exact_attention):
             return torch.float64
@@ -258,11 +272,17 @@ class Transformer(nn.Module):
         self.max_seq_len = max_seq_len
         adt = self.attention_dtype
         a = self.args
-        scratch = None  # a bf16 model keeps its cache in float32 and reads it in float64 (KVCache)
-        if self.dtype == torch.bfloat16 and adt == torch.float64:
+        exact = self.dtype == torch.bfloat16 and adt == torch.float64
+        # a bf16 model keeps its cache in float32; decode and verify passes read it through the exact
+        # float32 kernel, or (without one) in float64 through one scratch buffer (KVCache)
+        kernel = exact and a.head_dim <= kernels.MAX_HEAD_DIM and kernels.available()
+        scratch = None
+        if exact and not kernel:
             scratch = torch.empty(2, 1, a.n_kv_heads, max_seq_len, a.head_dim, dtype=adt)
         for layer in self.blocks:
-            layer.attention.kv_cache = KVCache(a.n_kv_heads, max_seq_len, a.head_dim, adt, scratch)
+            layer.attention.kv_cache = KVCache(a.n_kv_heads, max_seq_len, a.head_dim,
+                                               torch.float32 if kernel else adt, scratch)
+            layer.attention.exact_kernel = kernel
         cos, sin = rope_tables(self.args, adt)
         self.rope_cos, self.rope_sin = cos[:max_seq_len], sin[:max_seq_len]
 

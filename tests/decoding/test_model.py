@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from decoding import kernels
 from decoding.hf_weights import to_hf_llama
 from decoding.packing import PackedLinear, can_pack
 from tests.conftest import TinyFactory
@@ -68,15 +69,23 @@ def test_a_one_token_pass_reads_only_what_its_mask_allows(tiny_model: TinyFactor
     unmasked = attn(x, cos, sin, 5, None)
     assert not torch.allclose(unmasked, one)  # slot 2 matters: the mask is what the two agree on
 
-def test_a_bf16_model_reads_its_float32_cache_in_float64_past_the_prompt(
-        tiny_model: TinyFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("kernel", [
+    pytest.param(True, marks=pytest.mark.skipif(not kernels.available(), reason="no C compiler for the kernel")),
+    False,
+], ids=["exact-kernel", "float64"])
+def test_a_bf16_model_attends_exactly_over_its_float32_cache_past_the_prompt(
+        tiny_model: TinyFactory, monkeypatch: pytest.MonkeyPatch, kernel: bool) -> None:
     # keys and values are kept in float32 (half the memory a long context streams each step); the prompt's
-    # own pass attends over them as stored, every later pass in float64 (exact verify passes)
+    # own pass attends over them as stored, every later pass through the exact float32 kernel, or in
+    # float64 without it: either way a verify pass gives the bits of single steps
+    if not kernel:
+        monkeypatch.setattr(kernels, "available", lambda: False)
     model = tiny_model(vocab_size=50, dtype=torch.bfloat16, seed=3).model
     model.setup_cache(32)
     cache = model.blocks[0].attention.kv_cache
     assert cache is not None and cache.k.dtype == cache.v.dtype == torch.float32
-    seen: list[tuple[int, torch.dtype]] = []  # (query rows, dtype) of each attention call
+    assert model.blocks[0].attention.exact_kernel == kernel
+    seen: list[tuple[int, torch.dtype]] = []  # (query rows, dtype) of each torch attention call
     attend = F.scaled_dot_product_attention
 
     def spy(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kw: object) -> torch.Tensor:
@@ -91,8 +100,8 @@ def test_a_bf16_model_reads_its_float32_cache_in_float64_past_the_prompt(
     seen.clear()
     verify = model(tokens[5:], 5)  # (3, V) a verify pass of three rows
     steps = torch.stack([model(tokens[i : i + 1], i)[0] for i in range(5, len(tokens))])  # (3, V)
-    assert {dtype for _, dtype in seen} == {torch.float64}
-    assert torch.equal(verify, steps)  # the same stored values read in float64: the same bits
+    assert {dtype for _, dtype in seen} == (set() if kernel else {torch.float64})
+    assert torch.equal(verify, steps)  # the same stored values, each row computed alike: the same bits
 
 
 def test_context_overflow_is_refused(tiny_model: TinyFactory) -> None:
