@@ -48,9 +48,9 @@ class KVCache(nn.Module):
 
     A bf16 model's cache keeps them in float32. The exact kernel (decoding/kernels) reads them as
     stored; float64 attention (without the kernel) copies them into `scratch` (one float64 buffer the
-    layers share, as they run one after another) for each pass: at an
-    agent's long context, reading the cache is much of a decode step, and float32 halves it (a step of
-    the embedded model at a 1,800-token context: 27.8 -> 24.9 ms on the 2-core development CPU). Every
+    layers share, as they run one after another) for each pass. At an agent's long context, reading
+    the cache is much of a decode step, and float32 halves it against float64 (a step of the embedded
+    model at a 1,800-token context: 27.8 -> 24.9 ms on the 2-core development CPU). Every
     pass reads the same stored values, so a verify pass still reproduces single steps bit for bit;
     values are the projection's own (bf16, or float32 where its reduction was split), keys (rotated in
     float64) are rounded once to float32."""
