@@ -4,13 +4,15 @@ Speculation is exact only if a verify pass gives every row the bits of the singl
 torch's float32 attention kernel blocks its work by the pass's shape, so rows differ in their last bits
 (a greedy near-tie can flip); that is why a bf16 model attended in float64, where such differences never
 survive the cast back. This kernel instead computes each row by one fixed sequence of float32
-operations, whatever the pass: exact by construction, and 2-5x faster than float64 here (a 9-row pass
-at a 1,800-token context of the embedded model: 29 -> 5.5 ms of attention; decoding/drafts/README.md).
+operations, whatever the pass: exact by construction, and its attention 2-5x faster than float64's here
+(a 9-row pass at a 1,800-token context of the embedded model: 29 -> 5.5 ms of attention, 39 -> 26 ms for
+the whole pass; decoding/drafts/README.md).
 
-It is C, compiled with the machine's compiler (`$CC`, else `cc`) on first use into
-`$DRAFTGATE_CACHE/kernels`, keyed by the source, the flags and the CPU's features; a few seconds, once.
-Without a compiler (or with `DRAFTGATE_EXACT_KERNEL=0`) the model attends in float64 as before: the
-same guarantee, slower.
+It is C, compiled with the machine's compiler (`$CC`, else `cc`) when a bf16 model first sets up its
+cache (at load) into `$DRAFTGATE_CACHE/kernels` (`~/.cache/draftgate/kernels` by default), keyed by the
+source, the flags and the CPU's features: under a second here, once. Without a compiler (a warning) or
+with `DRAFTGATE_EXACT_KERNEL=0` (an info line) the model attends in float64 as before: the same
+guarantee, slower. float32 models (CPUs without bf16) never use it.
 """
 
 from __future__ import annotations
@@ -74,6 +76,8 @@ def _load(compiler: str) -> ctypes.CDLL:
 @cache
 def _library() -> ctypes.CDLL | None:
     if os.environ.get("DRAFTGATE_EXACT_KERNEL", "1") == "0":
+        log.info("exact float32 attention off (DRAFTGATE_EXACT_KERNEL=0): bf16 models attend in float64, exact "
+                 "and slower")
         return None
     compiler = os.environ.get("CC", "cc")
     try:
@@ -82,6 +86,7 @@ def _library() -> ctypes.CDLL | None:
         detail = exc.stderr.strip()[-400:] if isinstance(exc, subprocess.CalledProcessError) and exc.stderr else exc
         log.warning("exact float32 attention unavailable (%s); attending in float64, exact and slower", detail)
         return None
+    log.info("exact float32 attention: %s", lib._name)
     p, i, n = ctypes.c_void_p, ctypes.c_int, ctypes.c_long
     lib.attend.argtypes = [p, n, n, i, i, i, i, ctypes.c_float, p, p, n, p, i, p, i]
     lib.attend.restype = ctypes.c_int
@@ -111,7 +116,7 @@ def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, end: int,
     if mask is not None:
         assert mask.shape == (t, end) and mask.dtype == torch.bool, f"mask {tuple(mask.shape)}: ({t}, {end}) bool"
         mask = mask.contiguous()  # read as bytes 0 / 1
-    out = torch.empty(1, nh, t, hd)  # (1, nh, T, hd)
+    out = torch.empty(1, nh, t, hd, dtype=torch.float32)  # (1, nh, T, hd)
     status = lib.attend(q.data_ptr(), q.stride(1), q.stride(2), nkv, nh // nkv, t, hd, hd**-0.5, k.data_ptr(),
                         v.data_ptr(), k.stride(1), None if mask is None else mask.data_ptr(), end, out.data_ptr(),
                         torch.get_num_threads())

@@ -107,17 +107,21 @@ def test_without_a_compiler_it_says_so_and_the_model_attends_in_float64(
 
 
 @pytest.mark.usefixtures("fresh_build")
-def test_it_can_be_switched_off(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_it_can_be_switched_off(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     monkeypatch.setenv("DRAFTGATE_EXACT_KERNEL", "0")
-    assert not kernels.available()
+    with caplog.at_level(logging.INFO, logger="decoding.kernels"):
+        assert not kernels.available()
+    assert "DRAFTGATE_EXACT_KERNEL=0" in caplog.text
 
 
 @needs_kernel
 @pytest.mark.usefixtures("fresh_build")
-def test_it_builds_once_into_the_cache(tmp_path: Path) -> None:
-    assert kernels.available()
+def test_it_builds_once_into_the_cache(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="decoding.kernels"):
+        assert kernels.available()
     built = list((tmp_path / "kernels").glob("exact_attention-*.so"))
     assert len(built) == 1
+    assert str(built[0]) in caplog.text  # says which file it runs
     kernels._library.cache_clear()
     assert kernels.available()  # loads the file already built
     assert list((tmp_path / "kernels").glob("*")) == built
