@@ -2,8 +2,8 @@
 
 The cache is a preallocated buffer written at `input_pos`; attention reads only positions <= the query's,
 so rolling back rejected draft tokens costs nothing: the next forward overwrites them. The residual
-stream is float32; a bf16 model's decode and verify passes attend through an exact float32 kernel
-(decoding/kernels; float64 without a C compiler, see `attention_dtype`), so that a verify pass
+stream is float32; a bf16 model attends through an exact float32 kernel (decoding/kernels; float64
+past the prompt without a C compiler, see `attention_dtype`), so that a verify pass
 reproduces single steps bit for bit, over keys and values kept in float32 (see `KVCache`). Covers llama,
 mistral and qwen2-style checkpoints (RMSNorm, rotary embeddings in the half-split layout of HF, grouped
 query attention, SwiGLU MLP, optional q/k/v bias, tied or untied LM head).
@@ -52,8 +52,8 @@ class KVCache(nn.Module):
     the cache is much of a decode step, and float32 halves it against float64 (a step of the embedded
     model at a 1,800-token context: 27.8 -> 24.9 ms on the 2-core development CPU). Every
     pass reads the same stored values, so a verify pass still reproduces single steps bit for bit;
-    values are the projection's own (bf16, or float32 where its reduction was split), keys (rotated in
-    float64) are rounded once to float32."""
+    values are the projection's own (bf16, or float32 where its reduction was split); keys are rotated
+    in float32 with the kernel, else in float64 and rounded once to float32."""
 
     k: torch.Tensor
     v: torch.Tensor
@@ -158,15 +158,17 @@ class Attention(nn.Module):
         qk = apply_rope(qkv[:, : nh + nkv], cos, sin)  # (1, nh + nkv, T, hd)
         q = qk[:, :nh]  # (1, nh, T, hd)
         # a prompt's own pass (from position 0, causal) attends over the cache as stored (see
-        # Transformer.attention_dtype): float32 for a bf16 model, half the time of float64 at 2k tokens
+        # Transformer.attention_dtype): float32 for a bf16 model (the kernel's, or torch's without it)
         prompt = mask is None and t > 1
         assert not prompt or start == 0, "a multi-token pass past position 0 needs its mask"
         k, v = self.kv_cache.update(start, qk[:, nh:], qkv[:, nh + nkv :], start + t,
                                     stored=prompt or self.exact_kernel)
         q = q.to(k.dtype)  # k, v: (1, nkv, start + T, hd)
-        if self.exact_kernel and not prompt:
-            # every row the bits of the single step it stands for, in float32 (decoding/kernels)
-            y = kernels.exact_attention(q, k, v, start + t, mask)  # (1, nh, T, hd)
+        if self.exact_kernel:
+            # every row the bits of the single step it stands for, in float32 (decoding/kernels); a
+            # prompt's own pass too (causal), so a prompt read in one pass or in several fills the
+            # cache with the same bits
+            y = kernels.exact_attention(q, k, v, start + t, mask, causal=prompt)  # (1, nh, T, hd)
         elif t == 1 and mask is None and nh != nkv:
             # one token: the heads sharing a kv head are that head's queries, so the kernel reads each
             # cached key once instead of once per query head
@@ -251,16 +253,19 @@ class Transformer(nn.Module):
         greedy speculation is token-identical even in bf16. Set `exact_attention = False` for
         torch's float32 attention: faster, with rare near-tie flips.
 
-        Where decoding/kernels builds (a C compiler), a bf16 model's decode and verify passes attend
-        through it instead: float32, and exact by construction (each row computed alike in any pass),
-        2-5x faster than float64 here. Queries and keys are still rotated in this dtype; keys are
-        stored in float32 either way, so the cache holds the same values on both paths.
+        Where decoding/kernels builds (a C compiler), a bf16 model attends through it instead, in every
+        pass: float32, exact by construction (each row computed alike in any pass, whatever its rows,
+        keys and mask), its attention 2-5x faster than float64's here. Queries and keys then rotate in
+        float32 too, so nothing of a pass depends on which pass computes a row: a prompt read in one
+        pass or in several fills the cache with the same bits (what reusing a cached prefix needs;
+        tests/decoding/test_model.py).
 
-        A bf16 model's prompt pass (from position 0) attends in float32, over the cache as stored:
-        every request reads its prompt through that one pass, speculative or not, so both paths
-        decode from the same cache and the same first logits; what must agree bit for bit is a
-        verify pass with the single steps it stands for, and those use the kernel or float64. A 2,300-token
-        prompt of the embedded model takes ~1.9 s instead of 4.5 s on the 2-core development CPU."""
+        Without the kernel, a bf16 model's prompt pass (from position 0) attends through torch's float32
+        kernel, over the cache as stored: every request reads its prompt through that one pass,
+        speculative or not, so both paths decode from the same cache and the same first logits; what
+        must agree bit for bit is a verify pass with the single steps it stands for, and those use
+        float64. A 2,300-token prompt of the embedded model takes ~1.7 s with the kernel, ~1.9 s with
+        torch's float32 and 4.5 s in float64 on the 2-core development CPU."""
         if self.dtype == torch.float64 or (self.dtype == torch.bfloat16 and self.exact_attention):
             return torch.float64
         return torch.float32
@@ -268,15 +273,18 @@ class Transformer(nn.Module):
     def setup_cache(self, max_seq_len: int) -> None:
         """Allocate the KV cache for sequences of up to `max_seq_len` tokens (idempotent)."""
         max_seq_len = min(max_seq_len, self.args.max_seq_len)
-        if max_seq_len <= self.max_seq_len and self.rope_cos.dtype == self.attention_dtype:
-            return
-        self.max_seq_len = max_seq_len
         adt = self.attention_dtype
         a = self.args
         exact = self.dtype == torch.bfloat16 and adt == torch.float64
         # a bf16 model keeps its cache in float32; decode and verify passes read it through the exact
         # float32 kernel, or (without one) in float64 through one scratch buffer (KVCache)
         kernel = exact and a.head_dim <= kernels.MAX_HEAD_DIM and kernels.available()
+        # with the kernel nothing of a pass runs in float64: queries and keys rotate in float32 in every
+        # pass, prompts included, so a pass's rows do not depend on which pass computes them
+        rope_dtype = torch.float32 if kernel else adt
+        if max_seq_len <= self.max_seq_len and self.rope_cos.dtype == rope_dtype:
+            return
+        self.max_seq_len = max_seq_len
         scratch = None
         if exact and not kernel:
             scratch = torch.empty(2, 1, a.n_kv_heads, max_seq_len, a.head_dim, dtype=adt)
@@ -284,7 +292,7 @@ class Transformer(nn.Module):
             layer.attention.kv_cache = KVCache(a.n_kv_heads, max_seq_len, a.head_dim,
                                                torch.float32 if kernel else adt, scratch)
             layer.attention.exact_kernel = kernel
-        cos, sin = rope_tables(self.args, adt)
+        cos, sin = rope_tables(self.args, rope_dtype)
         self.rope_cos, self.rope_sin = cos[:max_seq_len], sin[:max_seq_len]
 
     @torch.inference_mode()
@@ -320,7 +328,7 @@ class Transformer(nn.Module):
             mask = k_pos <= q_pos  # (T, end)
         elif t > 1 and self.dtype == torch.bfloat16:  # a prompt, from position 0
             # a bf16 model's prompt attends in float32 (see attention_dtype): its queries and keys rotate in
-            # float32 too (a 2,300-token prompt: 2.39-2.54 -> 1.86-1.93 s)
+            # float32 too (a 2,300-token prompt: 2.39-2.54 -> 1.86-1.93 s); with the kernel every pass does
             cos, sin = cos.float(), sin.float()
         x = self.tok_embeddings(tokens).unsqueeze(0).to(self.residual_dtype)  # (1, T, D) residual stream
         taps: list[torch.Tensor] = []  # (T, D) each: the residual stream after the feature layers

@@ -1,12 +1,13 @@
-"""Exact float32 attention for decode and verify passes (exact_attention.c), built once per machine.
+"""Exact float32 attention for a bf16 model's passes (exact_attention.c), built once per machine.
 
 Speculation is exact only if a verify pass gives every row the bits of the single step it stands for.
 torch's float32 attention kernel blocks its work by the pass's shape, so rows differ in their last bits
 (a greedy near-tie can flip); that is why a bf16 model attended in float64, where such differences never
 survive the cast back. This kernel instead computes each row by one fixed sequence of float32
 operations, whatever the pass: exact by construction, and its attention 2-5x faster than float64's here
-(a 9-row pass at a 1,800-token context of the embedded model: 29 -> 5.5 ms of attention, 39 -> 26 ms for
-the whole pass; decoding/drafts/README.md).
+(a 9-row pass at a 1,800-token context of the embedded model: 29 -> 5.5 ms of attention, 39 -> 22 ms for
+the whole pass; decoding/drafts/README.md). Prompts read through it too (`causal`): a prompt read in one
+pass or in several then gives the same bits, the condition for reusing a cached prefix exactly.
 
 It is C, compiled with the machine's compiler (`$CC`, else `cc`) when a bf16 model first sets up its
 cache (at load) into `$DRAFTGATE_CACHE/kernels` (`~/.cache/draftgate/kernels` by default), keyed by the
@@ -88,7 +89,7 @@ def _library() -> ctypes.CDLL | None:
         return None
     log.info("exact float32 attention: %s", lib._name)
     p, i, n = ctypes.c_void_p, ctypes.c_int, ctypes.c_long
-    lib.attend.argtypes = [p, n, n, i, i, i, i, ctypes.c_float, p, p, n, p, i, p, i]
+    lib.attend.argtypes = [p, n, n, i, i, i, i, ctypes.c_float, p, p, n, p, i, i, p, i]
     lib.attend.restype = ctypes.c_int
     return lib
 
@@ -99,11 +100,12 @@ def available() -> bool:
 
 
 def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, end: int,
-                    mask: torch.Tensor | None = None) -> torch.Tensor:
+                    mask: torch.Tensor | None = None, causal: bool = False) -> torch.Tensor:
     """Attention of q (1, nh, T, hd) over cached keys and values k, v (1, nkv, S, hd) float32 (positions
     [0, end) are read), with grouped-query heads (nh a multiple of nkv); row i sees key j where
-    mask[i, j] (mask (T, end) bool; None: every key) -> (1, nh, T, hd) float32. Each row's result is the
-    same bits in any pass that shows it the same keys in the same order."""
+    mask[i, j] (mask (T, end) bool), or with `causal` where j <= end - T + i (the rows are the positions
+    [end - T, end)), else every key -> (1, nh, T, hd) float32. Each row's result is the same bits in any
+    pass that shows it the same keys in the same order."""
     lib = _library()
     assert lib is not None, "exact_attention needs the kernel: check available()"
     _, nh, t, hd = q.shape
@@ -118,8 +120,8 @@ def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, end: int,
         mask = mask.contiguous()  # read as bytes 0 / 1
     out = torch.empty(1, nh, t, hd, dtype=torch.float32)  # (1, nh, T, hd)
     status = lib.attend(q.data_ptr(), q.stride(1), q.stride(2), nkv, nh // nkv, t, hd, hd**-0.5, k.data_ptr(),
-                        v.data_ptr(), k.stride(1), None if mask is None else mask.data_ptr(), end, out.data_ptr(),
-                        torch.get_num_threads())
+                        v.data_ptr(), k.stride(1), None if mask is None else mask.data_ptr(), int(causal), end,
+                        out.data_ptr(), torch.get_num_threads())
     if status != 0:
         raise MemoryError("exact attention: out of memory for its scratch")
     return out

@@ -1,4 +1,4 @@
-/* Exact float32 attention for verify passes: every query row's output is computed by the same sequence
+/* Exact float32 attention for every pass: every query row's output is computed by the same sequence
  * of float operations whatever the pass around it (how many rows, how many keys, which keys are masked),
  * so a verify pass of k rows gives each row the bits of the single decode step it stands for.
  *
@@ -49,12 +49,21 @@ static inline vf exp_clamped(vf x) {
 /* One kv head, query rows [r0, r0 + n) of its R = g T (n <= RB), head dimension hd: row r is query head
  * r / T of the group at the pass's token r % T, at q + (r / T) * qh + (r % T) * qt_ (scaled by `scale`
  * here); key and value j at k + j * hd and v + j * hd; row r sees key j where mask[(r % T) * L + j]
- * (mask NULL: every key). out: the rows' outputs, RB-row chunk first, (n, hd). s: L vectors of scratch. */
+ * (mask NULL: every key), or with `causal` where j <= L - T + r % T (a pass over the positions after the
+ * cache's first L - T). out: the rows' outputs, RB-row chunk first, (n, hd). s: L vectors of scratch. */
 static void attend_rows(const float* q, long qh, long qr, int r0, int n, int T, int hd, float scale,
-                        const float* k, const float* v, const uint8_t* mask, int L, float* out, vf* s) {
+                        const float* k, const float* v, const uint8_t* mask, int causal, int L, float* out,
+                        vf* s) {
     const long ks = hd;
     int tok[RB];
-    for (int r = 0; r < RB; r++) tok[r] = (r0 + (r < n ? r : 0)) % T;
+    int first = T, last = 0; /* the rows' tokens */
+    for (int r = 0; r < RB; r++) {
+        tok[r] = (r0 + (r < n ? r : 0)) % T;
+        if (tok[r] < first) first = tok[r];
+        if (tok[r] > last) last = tok[r];
+    }
+    const long stride = L; /* a mask row's length */
+    if (causal) L = L - T + last + 1; /* no row of these reads further */
     vf qt[MAX_HD];
     for (int d = 0; d < hd; d++)
         for (int r = 0; r < RB; r++)
@@ -78,7 +87,14 @@ static void attend_rows(const float* q, long qh, long qr, int r0, int n, int T, 
     if (mask) {
         for (j = 0; j < L; j++) {
             vi seen;
-            for (int r = 0; r < RB; r++) seen[r] = r < n && mask[(long)tok[r] * L + j] ? -1 : 0;
+            for (int r = 0; r < RB; r++) seen[r] = r < n && mask[(long)tok[r] * stride + j] ? -1 : 0;
+            s[j] = pick(seen, s[j], ninf);
+        }
+    } else if (causal) {
+        int start = L - 1 - last; /* row token t reads keys [0, start + t] */
+        for (j = start + first + 1; j < L; j++) {
+            vi seen;
+            for (int r = 0; r < RB; r++) seen[r] = r < n && j <= start + tok[r] ? -1 : 0;
             s[j] = pick(seen, s[j], ninf);
         }
     }
@@ -114,11 +130,12 @@ static void attend_rows(const float* q, long qh, long qr, int r0, int n, int T, 
 }
 
 /* q: query heads nh = nkv g, each (T, hd) float32, head h at q + h * qh, its row t at + t * qr; k, v:
- * float32 caches, kv head h's key j at k + h * hs + j * hd; mask: (T, L) bytes 0/1 or NULL (every key).
+ * float32 caches, kv head h's key j at k + h * hs + j * hd; mask: (T, L) bytes 0/1, or NULL: every key,
+ * or with `causal` the keys up to each row's own position (L - T + its token).
  * out: (nh, T, hd). Tasks (a kv head's g T rows, RB at a time) run on up to `threads` threads; a row's
  * result does not depend on which. Returns 0, or -1 when hd is too large or memory runs out. */
 int attend(const float* q, long qh, long qr, int nkv, int g, int T, int hd, float scale, const float* k,
-           const float* v, long hs, const uint8_t* mask, int L, float* out, int threads) {
+           const float* v, long hs, const uint8_t* mask, int causal, int L, float* out, int threads) {
     if (hd > MAX_HD) return -1;
     int R = g * T;
     int chunks = (R + RB - 1) / RB;
@@ -130,7 +147,7 @@ int attend(const float* q, long qh, long qr, int nkv, int g, int T, int hd, floa
         int n = R - r0 < RB ? R - r0 : RB;
         vf* s = aligned_alloc(sizeof(vf), sizeof(vf) * (size_t)(L > 0 ? L : 1));
         if (!s) { failed = 1; continue; }
-        attend_rows(q + (long)h * g * qh, qh, qr, r0, n, T, hd, scale, k + h * hs, v + h * hs, mask, L,
+        attend_rows(q + (long)h * g * qh, qh, qr, r0, n, T, hd, scale, k + h * hs, v + h * hs, mask, causal, L,
                     out + ((long)h * R + r0) * hd, s);
         free(s);
     }
