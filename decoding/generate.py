@@ -161,6 +161,29 @@ class Engine:
         self.drafter = drafter
         self.max_draft_tokens = max_draft_tokens
         self.controller_config = controller or ControllerConfig()
+        # what this engine left in the model's cache: (the model's cache_version after its last pass, the
+        # tokens at positions [0, n), the drafter that read their features or None)
+        self._left: tuple[int, list[int], Drafter | None] | None = None
+        self.reuse_prefixes = True  # read a prompt's cached prefix instead of recomputing it, where exact
+
+    def reusable_prefix(self, prompt: list[int], reader: Drafter | None) -> int:
+        """How many of the prompt's first tokens the cache already holds, exactly as a pass over the
+        prompt would write them: the tokens this engine's previous request left there, if no other pass
+        or new cache came since, on a model whose passes are split-invariant (Transformer.split_invariant),
+        and with the same feature reader (its features for those positions are kept). The last prompt
+        token is always read again: its pass gives the first logits."""
+        model = self.target.model
+        if not (self.reuse_prefixes and self._left is not None and model.split_invariant):
+            return 0
+        version, left, left_reader = self._left
+        if version != model.cache_version or left_reader is not reader:
+            return 0
+        n = 0
+        for a, b in zip(left, prompt[:-1], strict=False):  # the last prompt token is read again
+            if a != b:
+                break
+            n += 1
+        return n
 
     @property
     def max_context(self) -> int:
@@ -211,15 +234,20 @@ class Engine:
             drafter.prepare(min(need, self.max_context))
 
         grammar = TimedGrammar(config.grammar.new()) if config.grammar is not None else None
+        tokens = list(prompt)
+        reader = drafter if drafter is not None and drafter.uses_features else None  # reads target features
+        cached = self.reusable_prefix(prompt, reader)  # positions [0, cached) are in the cache already
+        self._left = None
+        written = 0  # positions [0, written) of `tokens` are in the cache
         try:
-            tokens = list(prompt)
-            reader = drafter if drafter is not None and drafter.uses_features else None  # reads target features
             taps = reader.feature_layers if reader is not None else ()
-            logits, hidden = model.forward_hidden(torch.tensor(tokens), 0, last_only=True,
-                                                  feature_layers=taps)  # [1, V], [P, F]
+            logits, hidden = model.forward_hidden(torch.tensor(tokens[cached:]), cached, last_only=True,
+                                                  feature_layers=taps)  # [1, V], [P - cached, F]
             stats.target_passes += 1
-            if reader is not None:
-                reader.observe_features(0, hidden)
+            stats.cached_prompt_tokens = cached
+            written = len(prompt)
+            if reader is not None:  # the cached positions' features are the reader's from before
+                reader.observe_features(cached, hidden)
             token = next_token(logits[-1], params, gen, grammar.allowed_mask() if grammar else None)
             if grammar is not None:
                 grammar.accept(token)
@@ -243,6 +271,7 @@ class Engine:
                         reader.observe_features(pos, kept)
                     tokens.extend(emitted)
                     pos += len(emitted)
+                    written = pos
                     token = emitted[-1]
                     produced += len(emitted)
                     yield emitted
@@ -273,12 +302,15 @@ class Engine:
                         grammar.accept(t)
                 tokens.extend(emitted)
                 pos += len(emitted)
+                written = pos
                 token = emitted[-1]
                 produced += len(emitted)
                 yield emitted
         finally:
             if grammar is not None:
                 stats.grammar_s += grammar.seconds
+            if written:  # what the next request may find in the cache (reusable_prefix)
+                self._left = (model.cache_version, tokens[:written], reader)
 
     def _verify_tree(self, proposal: Proposal, token: int, pos: int, params: SamplingParams,
                      gen: torch.Generator, stats: SpecStats, controller: SpeculationController,

@@ -230,6 +230,8 @@ class Transformer(nn.Module):
             self.output.weight = self.tok_embeddings.weight
         self.max_seq_len = 0
         self.exact_attention = True
+        # changes with every pass and every new cache: whoever wrote the cache last can tell it is untouched
+        self.cache_version = 0
         self.register_buffer("rope_cos", torch.empty(0), persistent=False)
         self.register_buffer("rope_sin", torch.empty(0), persistent=False)
 
@@ -240,6 +242,14 @@ class Transformer(nn.Module):
     @property
     def blocks(self) -> list[Block]:
         return [layer for layer in self.layers if isinstance(layer, Block)]
+
+    @property
+    def split_invariant(self) -> bool:
+        """Whether a prompt read in one pass or in several leaves the same bits in the cache and the
+        logits: with the exact kernel (every pass's rows computed alike), so cached prefixes can be
+        reused exactly (Engine)."""
+        blocks = self.blocks
+        return bool(blocks) and blocks[0].attention.exact_kernel
 
     @property
     def residual_dtype(self) -> torch.dtype:
@@ -284,14 +294,21 @@ class Transformer(nn.Module):
         rope_dtype = torch.float32 if kernel else adt
         if max_seq_len <= self.max_seq_len and self.rope_cos.dtype == rope_dtype:
             return
+        grown = self.max_seq_len > 0 and self.rope_cos.dtype == rope_dtype  # a bigger cache of the same kind
         self.max_seq_len = max_seq_len
         scratch = None
         if exact and not kernel:
             scratch = torch.empty(2, 1, a.n_kv_heads, max_seq_len, a.head_dim, dtype=adt)
         for layer in self.blocks:
-            layer.attention.kv_cache = KVCache(a.n_kv_heads, max_seq_len, a.head_dim,
-                                               torch.float32 if kernel else adt, scratch)
+            cache = KVCache(a.n_kv_heads, max_seq_len, a.head_dim, torch.float32 if kernel else adt, scratch)
+            before = layer.attention.kv_cache
+            if grown and before is not None:  # keep what it holds: an engine may read a cached prefix
+                n = before.k.shape[2]
+                cache.k[:, :, :n], cache.v[:, :, :n] = before.k, before.v
+            layer.attention.kv_cache = cache
             layer.attention.exact_kernel = kernel
+        if not grown:
+            self.cache_version += 1  # what the cache held is gone
         cos, sin = rope_tables(self.args, rope_dtype)
         self.rope_cos, self.rope_sin = cos[:max_seq_len], sin[:max_seq_len]
 
@@ -315,6 +332,7 @@ class Transformer(nn.Module):
         end = start + t
         if end > self.max_seq_len:
             raise ValueError(f"sequence of {end} tokens exceeds the KV cache of {self.max_seq_len}")
+        self.cache_version += 1
         cos, sin = self.rope_cos[start:end], self.rope_sin[start:end]  # (T, hd)
         mask = None
         if tree is not None:

@@ -15,6 +15,8 @@ class SpecStats:
     paused_steps: int = 0  # decode steps where the controller chose not to speculate
     tree_passes: int = 0  # verify passes of a draft tree (decoding/tree.py) rather than a chain
     grammar_s: float = 0.0  # time inside the grammar (masks, advance, rollback), drafters' calls included
+    # prompt tokens read from the cache the engine's previous request left (Engine: prefix reuse)
+    cached_prompt_tokens: int = 0
     # [position] how often a draft was proposed / accepted at that offset of a proposal
     per_position_drafted: list[int] = field(default_factory=list)
     per_position_accepted: list[int] = field(default_factory=list)

@@ -25,8 +25,11 @@ DONE = sse("[DONE]")
 
 
 def usage(result: GenerationResult) -> dict[str, Any]:
+    """OpenAI's usage; `cached_tokens`: prompt tokens read from the cache the route's previous request
+    left (decoding.generate.Engine.reusable_prefix), as OpenAI reports its prompt caching."""
     return {"prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
-            "total_tokens": result.prompt_tokens + result.completion_tokens}
+            "total_tokens": result.prompt_tokens + result.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": result.stats.cached_prompt_tokens}}
 
 
 def draftgate_stats(result: GenerationResult, speculative: bool, queued_s: float) -> dict[str, Any]:

@@ -68,8 +68,10 @@ class HeadDrafter(Drafter):
 
     def prepare(self, max_seq_len: int) -> None:
         self.head.setup_cache(max_seq_len)
-        if self._features.shape[0] < max_seq_len:
-            self._features = torch.zeros(max_seq_len, self.head.config.feature_width)
+        if self._features.shape[0] < max_seq_len:  # grown, keeping what it holds (the engine may reuse a
+            grown = torch.zeros(max_seq_len, self.head.config.feature_width)  # cached prefix's features)
+            grown[: self._features.shape[0]] = self._features
+            self._features = grown
 
     def observe_features(self, start: int, features: torch.Tensor) -> None:
         # features: (T, F) the target's features at positions [start, start + T) (see feature_layers)

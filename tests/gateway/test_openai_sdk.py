@@ -65,7 +65,13 @@ def test_streaming_with_usage_matches_the_plain_completion(client: openai.OpenAI
     finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
     assert finishes == [plain.choices[0].finish_reason]
     last = chunks[-1]
-    assert last.choices == [] and last.usage is not None and last.usage == plain.usage
+    assert last.choices == [] and last.usage is not None and plain.usage is not None
+    counts = ("prompt_tokens", "completion_tokens", "total_tokens")
+    assert [getattr(last.usage, k) for k in counts] == [getattr(plain.usage, k) for k in counts]
+    # the same prompt right after on the same route: all but its last token come from the cache the
+    # plain request left (exact: the same text came out)
+    assert last.usage.prompt_tokens_details is not None
+    assert last.usage.prompt_tokens_details.cached_tokens == plain.usage.prompt_tokens - 1
     assert all(c.usage is None for c in chunks[:-1])
     assert (last.model_extra or {})["draftgate"]["target_passes"] >= 1
 

@@ -1,0 +1,94 @@
+"""An engine reads a prompt's prefix from the cache its previous request left, where that is exact: the
+outputs are those of a fresh engine, token for token and (sampled, same seed) draw for draw."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from decoding import kernels
+from decoding.drafters import FallbackDrafter, HeadDrafter, NgramDrafter
+from decoding.drafters.head_tree import TreeShape
+from decoding.generate import Engine, GenerationConfig, GenerationResult
+from decoding.loading import LoadedModel
+from decoding.sampling import SamplingParams
+from tests.conftest import TinyFactory
+from tests.decoding.heads import trained_head
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason="prefix reuse needs the exact kernel (a C compiler)")
+
+PROMPT = [0, 7, 2, 9, 11, 2, 9, 4, 4, 13, 2, 9]
+
+
+def target(tiny_model: TinyFactory) -> LoadedModel:
+    model = tiny_model(vocab_size=64, dtype=torch.bfloat16, seed=1, logit_scale=2.0)
+    model.model.setup_cache(8)  # small: each request below grows the cache, which keeps what it holds
+    assert model.model.split_invariant  # bf16 with the kernel
+    return model
+
+
+def speculative(model: LoadedModel) -> Engine:
+    tree = TreeShape(nodes=6, branch=3, width=1, depth=4, min_score=0.0)
+    head = HeadDrafter(trained_head(model, "eagle"), max_tokens=6, tree=tree)
+    return Engine(model, FallbackDrafter([NgramDrafter(min_n=2, max_n=3), head]), max_draft_tokens=6)
+
+
+def run(engine: Engine, prompt: list[int], temperature: float = 0.0, seed: int = 0) -> GenerationResult:
+    sampling = SamplingParams(temperature=temperature, seed=seed)
+    return engine.complete(prompt, GenerationConfig(max_new_tokens=24, sampling=sampling, ignore_eos=True))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_an_agents_next_turn_reads_its_history_from_the_cache_and_gets_a_fresh_engines_output(
+        tiny_model: TinyFactory, temperature: float) -> None:
+    model = target(tiny_model)
+    engine = speculative(model)
+    first = run(engine, PROMPT, temperature)
+    assert first.stats.cached_prompt_tokens == 0
+    # the next request carries this one's history: its prompt, its reply, then a new turn
+    turn = [*PROMPT, *first.token_ids, 5, 17, 3]
+    second = run(engine, turn, temperature, seed=1)
+    # the prompt and the reply but its last token were written to the cache: the reply's last token
+    # was emitted by the last pass and never read
+    assert second.stats.cached_prompt_tokens == len(PROMPT) + len(first.token_ids) - 1
+    fresh = run(speculative(model), turn, temperature, seed=1)  # a new engine reads the whole prompt
+    assert fresh.stats.cached_prompt_tokens == 0
+    assert second.token_ids == fresh.token_ids
+    # the drafters read the cached prefix's features, the bits a whole prompt's pass gives: they
+    # propose exactly what they propose on a fresh engine
+    assert second.stats.draft_tokens > 0
+    assert (second.stats.draft_tokens, second.stats.accepted_tokens, second.stats.target_passes) == (
+        fresh.stats.draft_tokens, fresh.stats.accepted_tokens, fresh.stats.target_passes)
+
+
+def test_the_same_prompt_again_reads_all_but_its_last_token_from_the_cache(tiny_model: TinyFactory) -> None:
+    model = target(tiny_model)
+    engine = speculative(model)
+    base = Engine(model)
+    first = run(engine, PROMPT)
+    again = run(engine, PROMPT)
+    assert again.stats.cached_prompt_tokens == len(PROMPT) - 1
+    assert again.token_ids == first.token_ids == run(base, PROMPT).token_ids
+
+
+def test_another_pass_in_between_leaves_nothing_to_reuse(tiny_model: TinyFactory) -> None:
+    model = target(tiny_model)
+    engine = speculative(model)
+    run(engine, PROMPT)
+    run(Engine(model), [0, 1, 2])  # another engine on the same model writes the cache
+    assert run(engine, PROMPT).stats.cached_prompt_tokens == 0
+    engine.reuse_prefixes = False
+    run(engine, PROMPT)
+    assert run(engine, PROMPT).stats.cached_prompt_tokens == 0
+
+
+def test_without_the_kernel_prompts_are_read_whole(tiny_model: TinyFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    # float64 attention past the prompt and torch's float32 for it: a prompt cut in two would round
+    # differently, so nothing is reused
+    monkeypatch.setattr(kernels, "available", lambda: False)
+    model = tiny_model(vocab_size=64, dtype=torch.bfloat16, seed=1, logit_scale=2.0)
+    model.model.setup_cache(128)
+    assert not model.model.split_invariant
+    engine = Engine(model, NgramDrafter(min_n=2, max_n=3))
+    run(engine, PROMPT)
+    assert run(engine, PROMPT).stats.cached_prompt_tokens == 0
