@@ -75,6 +75,9 @@ def run_gateway_bench(options: GatewayBenchOptions) -> dict[str, Any]:
                           if model else "no local route to bench")
     state = GatewayState.build(policy)
     chat = state.local[model].chat
+    # each prompt runs twice, speculation off then on: the second would read the first's prompt from the
+    # cache (decoding.generate.Engine.reusable_prefix) and skip its processing, so both read it whole
+    chat.engine.reuse_prefixes = False
     messages = [{"role": "user", "content": "Hi"}]
     one_token = {"model": model, "messages": messages, "max_tokens": 1, "temperature": 0}
     direct_config = GenerationConfig(max_new_tokens=1)
