@@ -170,14 +170,14 @@ class Engine:
         """How many of the prompt's first tokens the cache already holds, exactly as a pass over the
         prompt would write them: the tokens this engine's previous request left there, if no other pass
         or new cache came since, on a model whose passes are split-invariant (Transformer.split_invariant),
-        and with the same feature reader (its features for those positions are kept). The last prompt
-        token is always read again: its pass gives the first logits."""
+        and, for a drafter that reads the target's features, only if it read those positions' (it keeps
+        them). The last prompt token is always read again: its pass gives the first logits."""
         model = self.target.model
         if not (self.reuse_prefixes and self._left is not None and model.split_invariant):
             return 0
         version, left, left_reader = self._left
-        if version != model.cache_version or left_reader is not reader:
-            return 0
+        if version != model.cache_version or (reader is not None and left_reader is not reader):
+            return 0  # another pass came since, or the features this request's drafter reads were not kept
         n = 0
         for a, b in zip(left, prompt[:-1], strict=False):  # the last prompt token is read again
             if a != b:
