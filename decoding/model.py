@@ -142,7 +142,7 @@ class Attention(nn.Module):
         self.wqkv = nn.Linear(args.dim, args.dim + 2 * kv_dim, bias=args.qkv_bias)
         self.wo = nn.Linear(args.dim, args.dim, bias=False)
         self.kv_cache: KVCache | None = None
-        # decode and verify passes attend through decoding/kernels (exact float32) instead of float64
+        # every pass attends through decoding/kernels (exact float32; its cache has no float64 scratch)
         self.exact_kernel = False
 
     def forward(
@@ -161,8 +161,7 @@ class Attention(nn.Module):
         # Transformer.attention_dtype): float32 for a bf16 model (the kernel's, or torch's without it)
         prompt = mask is None and t > 1
         assert not prompt or start == 0, "a multi-token pass past position 0 needs its mask"
-        k, v = self.kv_cache.update(start, qk[:, nh:], qkv[:, nh + nkv :], start + t,
-                                    stored=prompt or self.exact_kernel)
+        k, v = self.kv_cache.update(start, qk[:, nh:], qkv[:, nh + nkv :], start + t, stored=prompt)
         q = q.to(k.dtype)  # k, v: (1, nkv, start + T, hd)
         if self.exact_kernel:
             # every row the bits of the single step it stands for, in float32 (decoding/kernels); a
@@ -286,8 +285,8 @@ class Transformer(nn.Module):
         adt = self.attention_dtype
         a = self.args
         exact = self.dtype == torch.bfloat16 and adt == torch.float64
-        # a bf16 model keeps its cache in float32; decode and verify passes read it through the exact
-        # float32 kernel, or (without one) in float64 through one scratch buffer (KVCache)
+        # a bf16 model keeps its cache in float32; every pass reads it through the exact float32 kernel,
+        # or (without one) passes past the prompt read it in float64 through one scratch buffer (KVCache)
         kernel = exact and a.head_dim <= kernels.MAX_HEAD_DIM and kernels.available()
         # with the kernel nothing of a pass runs in float64: queries and keys rotate in float32 in every
         # pass, prompts included, so a pass's rows do not depend on which pass computes them
