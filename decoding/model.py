@@ -53,20 +53,30 @@ class KVCache(nn.Module):
     model at a 1,800-token context: 27.8 -> 24.9 ms on the 2-core development CPU). Every
     pass reads the same stored values, so a verify pass still reproduces single steps bit for bit;
     values are the projection's own (bf16, or float32 where its reduction was split); keys are rotated
-    in float32 with the kernel, else in float64 and rounded once to float32."""
+    in float32 with the kernel, else in float64 and rounded once to float32. The kernel scores with vector
+    lanes over keys, so its cache stores keys transposed (`transposed_keys`): `k` stays a (1, n_kv, S, hd)
+    view, for everything else that reads or moves them."""
 
     k: torch.Tensor
     v: torch.Tensor
 
     def __init__(self, n_kv_heads: int, max_seq_len: int, head_dim: int, dtype: torch.dtype,
-                 scratch: torch.Tensor | None = None) -> None:
+                 scratch: torch.Tensor | None = None, transposed_keys: bool = False) -> None:
         super().__init__()
         shape = (1, n_kv_heads, max_seq_len, head_dim)
         if scratch is not None:
             assert scratch.dtype == dtype and scratch.shape[1:] == shape, "a scratch buffer is (2, *shape) in dtype"
         self.scratch = scratch  # (2, 1, n_kv, max_seq_len, hd) or None: stored in float32, read through it
         stored = dtype if scratch is None else torch.float32
-        self.register_buffer("k", torch.zeros(shape, dtype=stored), persistent=False)
+        # `k` is always (1, n_kv, S, hd); with `transposed_keys` it is a view of (1, n_kv, hd, S) storage,
+        # the layout the exact kernel scores from (one head dimension of many keys in a vector)
+        self.transposed_keys = transposed_keys
+        if transposed_keys:
+            self.register_buffer("k_storage", torch.zeros(1, n_kv_heads, head_dim, max_seq_len, dtype=stored),
+                                 persistent=False)
+            self.k = self.k_storage.transpose(2, 3)
+        else:
+            self.register_buffer("k", torch.zeros(shape, dtype=stored), persistent=False)
         self.register_buffer("v", torch.zeros(shape, dtype=stored), persistent=False)
 
     def update(
@@ -299,7 +309,8 @@ class Transformer(nn.Module):
         if exact and not kernel:
             scratch = torch.empty(2, 1, a.n_kv_heads, max_seq_len, a.head_dim, dtype=adt)
         for layer in self.blocks:
-            cache = KVCache(a.n_kv_heads, max_seq_len, a.head_dim, torch.float32 if kernel else adt, scratch)
+            cache = KVCache(a.n_kv_heads, max_seq_len, a.head_dim, torch.float32 if kernel else adt, scratch,
+                            transposed_keys=kernel)
             before = layer.attention.kv_cache
             if grown and before is not None:  # keep what it holds: an engine may read a cached prefix
                 n = before.k.shape[2]

@@ -9,6 +9,10 @@ operations, whatever the pass: exact by construction, and its attention 2-5x fas
 the whole pass; decoding/drafts/README.md). Prompts read through it too (`causal`): a prompt read in one
 pass or in several then gives the same bits, the condition for reusing a cached prefix exactly.
 
+Its vector lanes run over keys (scores) and head dimensions (values), not query rows: a decode step has
+only 3 rows per kv head here, and lanes over rows left 13 of 16 idle. Same bits as that first layout, and
+a step's attention at a 2,400-token context 6.8 -> 1.7 ms (decoding/drafts/README.md).
+
 It is C, compiled with the machine's compiler (`$CC`, else `cc`) when a bf16 model first sets up its
 cache (at load) into `$DRAFTGATE_CACHE/kernels` (`~/.cache/draftgate/kernels` by default), keyed by the
 source, the flags and the CPU's features: under a second here, once. Without a compiler (a warning) or
@@ -89,7 +93,7 @@ def _library() -> ctypes.CDLL | None:
         return None
     log.info("exact float32 attention: %s", lib._name)
     p, i, n = ctypes.c_void_p, ctypes.c_int, ctypes.c_long
-    lib.attend.argtypes = [p, n, n, i, i, i, i, ctypes.c_float, p, p, n, p, i, i, p, i]
+    lib.attend.argtypes = [p, n, n, i, i, i, i, ctypes.c_float, p, n, n, p, n, p, i, i, p, i]
     lib.attend.restype = ctypes.c_int
     return lib
 
@@ -105,13 +109,19 @@ def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, end: int,
     [0, end) are read), with grouped-query heads (nh a multiple of nkv); row i sees key j where
     mask[i, j] (mask (T, end) bool), or with `causal` where j <= end - T + i (the rows are the positions
     [end - T, end)), else every key -> (1, nh, T, hd) float32. Each row's result is the same bits in any
-    pass that shows it the same keys in the same order."""
+    pass that shows it the same keys in the same order.
+
+    The kernel scores with vector lanes over keys, so it reads keys stored transposed: `k` a view of
+    (1, nkv, hd, S) storage (key stride 1), as a model's cache keeps them (`KVCache`, `transposed_keys`).
+    Other keys are copied into that layout first."""
     lib = _library()
     assert lib is not None, "exact_attention needs the kernel: check available()"
     _, nh, t, hd = q.shape
     nkv = k.shape[1]
-    assert k.dtype == v.dtype == torch.float32 and k.stride(-1) == 1 and k.stride(2) == hd, "float32 cache"
-    assert k.stride() == v.stride() and hd <= MAX_HEAD_DIM and nh % nkv == 0 and end <= k.shape[2]
+    assert k.dtype == v.dtype == torch.float32 and v.stride(-1) == 1 and v.stride(2) == hd, "float32 cache"
+    assert hd <= MAX_HEAD_DIM and nh % nkv == 0 and end <= k.shape[2] and end <= v.shape[2]
+    if k.stride(2) != 1:  # keys stored by position: copy them transposed, (1, nkv, hd, end)
+        k = k[:, :, :end].transpose(2, 3).contiguous().transpose(2, 3)
     q = q.float()
     if q.stride(-1) != 1:
         q = q.contiguous()
@@ -120,8 +130,9 @@ def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, end: int,
         mask = mask.contiguous()  # read as bytes 0 / 1
     out = torch.empty(1, nh, t, hd, dtype=torch.float32)  # (1, nh, T, hd)
     status = lib.attend(q.data_ptr(), q.stride(1), q.stride(2), nkv, nh // nkv, t, hd, hd**-0.5, k.data_ptr(),
-                        v.data_ptr(), k.stride(1), None if mask is None else mask.data_ptr(), int(causal), end,
-                        out.data_ptr(), torch.get_num_threads())
+                        k.stride(1), k.stride(3), v.data_ptr(), v.stride(1),
+                        None if mask is None else mask.data_ptr(), int(causal), end, out.data_ptr(),
+                        torch.get_num_threads())
     if status != 0:
         raise MemoryError("exact attention: out of memory for its scratch")
     return out

@@ -2,12 +2,18 @@
  * of float operations whatever the pass around it (how many rows, how many keys, which keys are masked),
  * so a verify pass of k rows gives each row the bits of the single decode step it stands for.
  *
- * How: vector lanes are query rows, never keys or head dimensions. A row's score for key j is a dot
- * product accumulated in head-dimension order; its softmax sum and its weighted sum of values are
- * accumulated in key order, one key after another. A masked key adds an exact zero to both, which
- * leaves a float sum unchanged, so a row that sees keys 0..p (a single step) and the same row in a pass
- * over more keys with the rest masked (a verify pass, a draft tree's siblings) round identically. No
- * operation mixes lanes, so neither the lane a row lands in nor the rows beside it matter.
+ * How: a row's score for key j is a dot product accumulated in head-dimension order, one multiply-add
+ * per dimension; its softmax sum and its weighted sum of values are accumulated in key order, one key
+ * after another. A masked key weighs an exact zero and adds nothing to either sum, so a row that sees
+ * keys 0..p (a single step) and the same row in a pass over more keys with the rest masked (a verify
+ * pass, a draft tree's siblings between a node's ancestors) round identically. Vector lanes never meet:
+ * scores run with lanes over keys (keys stored transposed, head dimension by head dimension), the exp
+ * lane by lane, value sums with lanes over head dimensions; a row's result does not depend on which
+ * rows are computed beside it, nor which lane holds an element.
+ *
+ * Lanes over keys and head dimensions keep every lane busy whatever the pass's rows: a decode step has
+ * only as many rows as query heads share a kv head (3 for the embedded model), and the first version,
+ * lanes over rows, left 13 of 16 idle (a step at 2,400 tokens spent ~6 of 18 ms in attention).
  *
  * exp is our own (Cody-Waite reduction and a degree-6 polynomial, ~2 ulp), so that every lane and every
  * build on one machine computes it the same way. Built once per machine by decoding/kernels/__init__.py.
@@ -15,19 +21,27 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
-#define RB 16     /* query rows per vector */
-#define KU 8      /* keys scored at once (independent accumulators) */
-#define DB 64     /* head dimensions accumulated at once in the value sum: a whole head of 64, so the values
-                     stream once a pass (8 at a time streamed them 8 times: a step at 2,400 tokens took
-                     21.2 ms against 18.3) */
+#define VL 16     /* lanes: 16 keys when scoring, 16 head dimensions when summing values */
+#define RB 16     /* query rows per task */
+#define RS 4      /* rows scored and summed together: one key load feeds RS multiply-adds */
+#define KT 4      /* key vectors per scoring tile: 64 keys by the head dimension, in L1 across row groups */
+#define DV 4      /* value vectors (64 head dimensions) accumulated at once, per row */
 #define MAX_HD 256
 
-typedef float vf __attribute__((vector_size(RB * 4)));
-typedef int32_t vi __attribute__((vector_size(RB * 4)));
+typedef float vf __attribute__((vector_size(VL * 4)));
+typedef int32_t vi __attribute__((vector_size(VL * 4)));
 
 static inline vf splat(float x) { return (vf){0} + x; }
 static inline vf pick(vi m, vf a, vf b) { return (vf)(((vi)a & m) | ((vi)b & ~m)); }
+static inline vf load(const float* p) { vf x; memcpy(&x, p, sizeof x); return x; }
+static inline void store(float* p, vf x) { memcpy(p, &x, sizeof x); }
+static inline vf load_part(const float* p, int w) { /* w < VL floats, zeros after */
+    float tmp[VL] = {0};
+    memcpy(tmp, p, (size_t)w * sizeof(float));
+    return load(tmp);
+}
 
 static inline vf exp_clamped(vf x) {
     /* exp(max(x, -87)) for x <= 0 */
@@ -46,109 +60,187 @@ static inline vf exp_clamped(vf x) {
     return p * (vf)e;
 }
 
-/* One kv head, query rows [r0, r0 + n) of its R = g T (n <= RB), head dimension hd: row r is query head
- * r / T of the group at the pass's token r % T, at q + (r / T) * qh + (r % T) * qt_ (scaled by `scale`
- * here); key and value j at k + j * hd and v + j * hd; row r sees key j where mask[(r % T) * L + j]
- * (mask NULL: every key), or with `causal` where j <= L - T + r % T (a pass over the positions after the
- * cache's first L - T). out: the rows' outputs, RB-row chunk first, (n, hd). s: L vectors of scratch. */
-static void attend_rows(const float* q, long qh, long qr, int r0, int n, int T, int hd, float scale,
-                        const float* k, const float* v, const uint8_t* mask, int causal, int L, float* out,
-                        vf* s) {
-    const long ks = hd;
-    int tok[RB];
-    int first = T, last = 0; /* the rows' tokens */
-    for (int r = 0; r < RB; r++) {
-        tok[r] = (r0 + (r < n ? r : 0)) % T;
-        if (tok[r] < first) first = tok[r];
-        if (tok[r] > last) last = tok[r];
-    }
-    const long stride = L; /* a mask row's length */
-    if (causal) L = L - T + last + 1; /* no row of these reads further */
-    vf qt[MAX_HD];
-    for (int d = 0; d < hd; d++)
-        for (int r = 0; r < RB; r++)
-            qt[d][r] = r < n ? q[(long)((r0 + r) / T) * qh + (long)((r0 + r) % T) * qr + d] * scale : 0.0f;
-    /* scores, each a dot product in head-dimension order */
-    int j = 0;
-    for (; j + KU <= L; j += KU) {
-        vf acc[KU];
-        for (int u = 0; u < KU; u++) acc[u] = splat(0.0f);
-        for (int d = 0; d < hd; d++)
-            for (int u = 0; u < KU; u++) acc[u] = acc[u] + qt[d] * k[(long)(j + u) * ks + d];
-        for (int u = 0; u < KU; u++) s[j + u] = acc[u];
-    }
-    for (; j < L; j++) {
-        vf acc = splat(0.0f);
-        for (int d = 0; d < hd; d++) acc = acc + qt[d] * k[(long)j * ks + d];
-        s[j] = acc;
-    }
-    /* masked keys (and padding lanes) score -inf; the maximum is exact in any order */
-    const vf ninf = splat(-INFINITY);
-    if (mask) {
-        for (j = 0; j < L; j++) {
-            vi seen;
-            for (int r = 0; r < RB; r++) seen[r] = r < n && mask[(long)tok[r] * stride + j] ? -1 : 0;
-            s[j] = pick(seen, s[j], ninf);
-        }
-    } else if (causal) {
-        int start = L - 1 - last; /* row token t reads keys [0, start + t] */
-        for (j = start + first + 1; j < L; j++) {
-            vi seen;
-            for (int r = 0; r < RB; r++) seen[r] = r < n && j <= start + tok[r] ? -1 : 0;
-            s[j] = pick(seen, s[j], ninf);
+/* Scores of `rr` rows (queries at qs, hd apart) for `nk` vectors of keys from key j: key j's dimension d at
+ * kt[d * kds + j]. Row i's scores go to s + i * ls + j. Each score is its own chain of multiply-adds over
+ * d, whatever rr and nk (both constants where inlined, so the accumulators stay in registers). */
+static inline __attribute__((always_inline)) void score_rows(int rr, int nk, const float* qs, int hd,
+                                                             const float* kt, long kds, int j, float* s,
+                                                             long ls) {
+    vf acc[RS][KT];
+    for (int i = 0; i < rr; i++)
+        for (int u = 0; u < nk; u++) acc[i][u] = splat(0.0f);
+    for (int d = 0; d < hd; d++) {
+        const float* kd = kt + d * kds + j;
+        vf key[KT];
+        for (int u = 0; u < nk; u++) key[u] = load(kd + u * VL);
+        for (int i = 0; i < rr; i++) {
+            vf qv = splat(qs[(long)i * hd + d]);
+            for (int u = 0; u < nk; u++) acc[i][u] = acc[i][u] + qv * key[u];
         }
     }
-    vf m = ninf;
-    for (j = 0; j < L; j++) m = pick(s[j] > m, s[j], m);
-    /* weights and their sum, in key order; a masked key weighs exactly 0 */
-    vf sum = splat(0.0f);
-    for (j = 0; j < L; j++) {
-        vi dead = s[j] == ninf;
-        vf e = pick(dead, splat(0.0f), exp_clamped(s[j] - m));
-        s[j] = e;
-        sum = sum + e;
-    }
-    /* the weighted sum of values, in key order for every head dimension */
-    for (int d0 = 0; d0 < hd; d0 += DB) {
-        int w = hd - d0 < DB ? hd - d0 : DB;
-        vf o[DB];
-        for (int i = 0; i < DB; i++) o[i] = splat(0.0f);
-        if (w == DB) {
-            for (j = 0; j < L; j++) {
-                const float* vj = v + (long)j * ks + d0;
-                for (int i = 0; i < DB; i++) o[i] = o[i] + s[j] * vj[i];
-            }
-        } else {
-            for (j = 0; j < L; j++) {
-                const float* vj = v + (long)j * ks + d0;
-                for (int i = 0; i < w; i++) o[i] = o[i] + s[j] * vj[i];
-            }
-        }
-        for (int r = 0; r < n; r++)
-            for (int i = 0; i < w; i++) out[(long)r * hd + d0 + i] = o[i][r] / sum[r];
+    for (int i = 0; i < rr; i++)
+        for (int u = 0; u < nk; u++) store(s + i * ls + j + u * VL, acc[i][u]);
+}
+
+static void score_group(int rr, int nk, const float* qs, int hd, const float* kt, long kds, int j, float* s,
+                        long ls) {
+    switch (rr * 8 + nk) { /* every case the same operations per score, unrolled for its sizes */
+        case 4 * 8 + KT: score_rows(4, KT, qs, hd, kt, kds, j, s, ls); break;
+        case 3 * 8 + KT: score_rows(3, KT, qs, hd, kt, kds, j, s, ls); break;
+        case 2 * 8 + KT: score_rows(2, KT, qs, hd, kt, kds, j, s, ls); break;
+        case 1 * 8 + KT: score_rows(1, KT, qs, hd, kt, kds, j, s, ls); break;
+        default: score_rows(rr, nk, qs, hd, kt, kds, j, s, ls); break;
     }
 }
 
-/* q: query heads nh = nkv g, each (T, hd) float32, head h at q + h * qh, its row t at + t * qr; k, v:
- * float32 caches, kv head h's key j at k + h * hs + j * hd; mask: (T, L) bytes 0/1, or NULL: every key,
- * or with `causal` the keys up to each row's own position (L - T + its token).
- * out: (nh, T, hd). Tasks (a kv head's g T rows, RB at a time) run on up to `threads` threads; a row's
- * result does not depend on which. Returns 0, or -1 when hd is too large or memory runs out. */
-int attend(const float* q, long qh, long qr, int nkv, int g, int T, int hd, float scale, const float* k,
-           const float* v, long hs, const uint8_t* mask, int causal, int L, float* out, int threads) {
+/* Weighted value sums of `rr` rows over keys [0, L): weights w + i * lw + j, value j's dimension d at
+ * v[j * hd + d]; dimensions [d0, d0 + nv VL) of row i to o + i * hd (hd - d0 < nv VL: the last vector is
+ * partial). With `sums`, each row's softmax sum (its weights added in key order) to sums[i]. */
+static inline __attribute__((always_inline)) void value_rows(int rr, int nv, const float* w, long lw, int L,
+                                                             const float* v, int hd, int d0, float* o,
+                                                             float* sums) {
+    vf acc[RS][DV];
+    float sum[RS];
+    for (int i = 0; i < rr; i++) {
+        sum[i] = 0.0f;
+        for (int u = 0; u < nv; u++) acc[i][u] = splat(0.0f);
+    }
+    int part = hd - d0 - (nv - 1) * VL; /* lanes of the last vector: VL, or fewer */
+    for (int j = 0; j < L; j++) {
+        const float* vj = v + (long)j * hd + d0;
+        vf val[DV];
+        for (int u = 0; u < nv; u++) val[u] = (u < nv - 1 || part == VL) ? load(vj + u * VL) : load_part(vj + u * VL, part);
+        for (int i = 0; i < rr; i++) {
+            float e = w[i * lw + j];
+            vf ev = splat(e);
+            for (int u = 0; u < nv; u++) acc[i][u] = acc[i][u] + ev * val[u];
+            sum[i] = sum[i] + e;
+        }
+    }
+    for (int i = 0; i < rr; i++) {
+        for (int u = 0; u < nv; u++) {
+            float lanes[VL];
+            store(lanes, acc[i][u]);
+            int n = u < nv - 1 ? VL : part;
+            memcpy(o + (long)i * hd + d0 + u * VL, lanes, (size_t)n * sizeof(float));
+        }
+        if (sums) sums[i] = sum[i];
+    }
+}
+
+static void value_group(int rr, int nv, const float* w, long lw, int L, const float* v, int hd, int d0, float* o,
+                        float* sums) {
+    switch (rr * 8 + nv) {
+        case 4 * 8 + DV: value_rows(4, DV, w, lw, L, v, hd, d0, o, sums); break;
+        case 3 * 8 + DV: value_rows(3, DV, w, lw, L, v, hd, d0, o, sums); break;
+        case 2 * 8 + DV: value_rows(2, DV, w, lw, L, v, hd, d0, o, sums); break;
+        case 1 * 8 + DV: value_rows(1, DV, w, lw, L, v, hd, d0, o, sums); break;
+        default: value_rows(rr, nv, w, lw, L, v, hd, d0, o, sums); break;
+    }
+}
+
+/* One kv head, query rows [r0, r0 + n) of its R = g T (n <= RB), head dimension hd: row r is query head
+ * r / T of the group at the pass's token r % T, at q + (r / T) * qh + (r % T) * qr. Key j's dimension d
+ * at kt[d * kds + j], value j at v + j * hd. Row r sees key j where mask[(r % T) * L + j] (mask NULL:
+ * every key), or with `causal` where j <= L - T + r % T (a pass over the positions after the cache's
+ * first L - T). out: the rows' outputs, (n, hd). s: RB rows of scratch of lp floats (lp: L rounded up to
+ * VL), qs: RB hd floats, tail: MAX_HD VL floats. */
+static void attend_rows(const float* q, long qh, long qr, int r0, int n, int T, int hd, float scale,
+                        const float* kt, long kds, const float* v, const uint8_t* mask, int causal, int L,
+                        float* out, float* s, long lp, float* qs, float* tail) {
+    int tok[RB], seen_end[RB];
+    int last = 0;
+    for (int i = 0; i < n; i++) {
+        tok[i] = (r0 + i) % T;
+        if (tok[i] > last) last = tok[i];
+    }
+    const long stride = L; /* a mask row's length */
+    if (causal) L = L - T + last + 1; /* no row of these reads further */
+    for (int i = 0; i < n; i++) {
+        seen_end[i] = causal ? L - last + tok[i] : L;
+        const float* qi = q + (long)((r0 + i) / T) * qh + (long)tok[i] * qr;
+        for (int d = 0; d < hd; d++) qs[(long)i * hd + d] = qi[d] * scale;
+    }
+    /* scores, key tile by key tile; a partial last vector of keys reads a zero-padded copy */
+    int full = L / VL * VL;
+    for (int j = 0; j < full; j += KT * VL) {
+        int nk = (full - j) / VL < KT ? (full - j) / VL : KT;
+        for (int i = 0; i < n; i += RS)
+            score_group(n - i < RS ? n - i : RS, nk, qs + (long)i * hd, hd, kt, kds, j, s + i * lp, lp);
+    }
+    if (full < L) {
+        for (int d = 0; d < hd; d++) {
+            memset(tail + d * VL, 0, VL * sizeof(float));
+            memcpy(tail + d * VL, kt + d * kds + full, (size_t)(L - full) * sizeof(float));
+        }
+        for (int i = 0; i < n; i += RS) {
+            float* si = s + i * lp + full;
+            score_group(n - i < RS ? n - i : RS, 1, qs + (long)i * hd, hd, tail, VL, 0, si, lp);
+        }
+    }
+    /* per row: unseen keys score -inf, the maximum (exact in any order), the weights exp(s - max), an
+     * unseen key's exactly 0 */
+    const vf ninf = splat(-INFINITY);
+    int lv = (L + VL - 1) / VL * VL;
+    for (int i = 0; i < n; i++) {
+        float* si = s + i * lp;
+        if (mask) {
+            const uint8_t* mi = mask + (long)tok[i] * stride;
+            for (int j = 0; j < L; j++)
+                if (!mi[j]) si[j] = -INFINITY;
+        }
+        for (int j = seen_end[i]; j < lv; j++) si[j] = -INFINITY;
+        vf m = ninf;
+        for (int j = 0; j < lv; j += VL) {
+            vf x = load(si + j);
+            m = pick(x > m, x, m);
+        }
+        float mx = -INFINITY;
+        for (int l = 0; l < VL; l++) mx = m[l] > mx ? m[l] : mx;
+        vf mv = splat(mx);
+        for (int j = 0; j < lv; j += VL) {
+            vf x = load(si + j);
+            store(si + j, pick(x == ninf, splat(0.0f), exp_clamped(x - mv)));
+        }
+    }
+    /* weighted sums of values and the softmax sums, in key order */
+    float sums[RB];
+    for (int i = 0; i < n; i += RS) {
+        int rr = n - i < RS ? n - i : RS;
+        for (int d0 = 0; d0 < hd; d0 += DV * VL) {
+            int nv = (hd - d0 + VL - 1) / VL < DV ? (hd - d0 + VL - 1) / VL : DV;
+            value_group(rr, nv, s + i * lp, lp, L, v, hd, d0, out + (long)i * hd, d0 == 0 ? sums + i : NULL);
+        }
+    }
+    for (int i = 0; i < n; i++)
+        for (int d = 0; d < hd; d++) out[(long)i * hd + d] = out[(long)i * hd + d] / sums[i];
+}
+
+/* q: query heads nh = nkv g, each (T, hd) float32, head h at q + h * qh, its row t at + t * qr; kt: float32
+ * keys stored transposed, kv head h's key j dimension d at kt + h * khs + d * kds + j; v: float32 values,
+ * kv head h's value j at v + h * vhs + j * hd; mask: (T, L) bytes 0/1, or NULL: every key, or with
+ * `causal` the keys up to each row's own position (L - T + its token). out: (nh, T, hd). Tasks (a kv
+ * head's g T rows, RB at a time) run on up to `threads` threads; a row's result does not depend on which.
+ * Returns 0, or -1 when hd is too large or memory runs out. */
+int attend(const float* q, long qh, long qr, int nkv, int g, int T, int hd, float scale, const float* kt,
+           long khs, long kds, const float* v, long vhs, const uint8_t* mask, int causal, int L, float* out,
+           int threads) {
     if (hd > MAX_HD) return -1;
     int R = g * T;
     int chunks = (R + RB - 1) / RB;
     int tasks = nkv * chunks;
+    long lp = (L + VL - 1) / VL * VL;
+    if (lp == 0) lp = VL;
     int failed = 0;
 #pragma omp parallel for schedule(dynamic) reduction(| : failed) num_threads(threads > 0 ? threads : 1)
     for (int t = 0; t < tasks; t++) {
         int h = t / chunks, r0 = (t % chunks) * RB;
         int n = R - r0 < RB ? R - r0 : RB;
-        vf* s = aligned_alloc(sizeof(vf), sizeof(vf) * (size_t)(L > 0 ? L : 1));
+        size_t floats = (size_t)RB * lp + (size_t)RB * MAX_HD + (size_t)MAX_HD * VL;
+        float* s = aligned_alloc(64, (floats * sizeof(float) + 63) / 64 * 64);
         if (!s) { failed = 1; continue; }
-        attend_rows(q + (long)h * g * qh, qh, qr, r0, n, T, hd, scale, k + h * hs, v + h * hs, mask, causal, L,
-                    out + ((long)h * R + r0) * hd, s);
+        attend_rows(q + (long)h * g * qh, qh, qr, r0, n, T, hd, scale, kt + h * khs, kds, v + h * vhs, mask,
+                    causal, L, out + ((long)h * R + r0) * hd, s, lp, s + RB * lp, s + RB * lp + RB * MAX_HD);
         free(s);
     }
     return failed ? -1 : 0;
