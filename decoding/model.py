@@ -72,9 +72,9 @@ class KVCache(nn.Module):
         # the layout the exact kernel scores from (one head dimension of many keys in a vector)
         self.transposed_keys = transposed_keys
         if transposed_keys:
-            self.register_buffer("k_storage", torch.zeros(1, n_kv_heads, head_dim, max_seq_len, dtype=stored),
-                                 persistent=False)
-            self.k = self.k_storage.transpose(2, 3)
+            storage = torch.zeros(1, n_kv_heads, head_dim, max_seq_len, dtype=stored)  # (1, n_kv, hd, S)
+            self.register_buffer("k_storage", storage, persistent=False)
+            self.k = storage.transpose(2, 3)  # (1, n_kv, S, hd) view
         else:
             self.register_buffer("k", torch.zeros(shape, dtype=stored), persistent=False)
         self.register_buffer("v", torch.zeros(shape, dtype=stored), persistent=False)
