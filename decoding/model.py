@@ -59,6 +59,7 @@ class KVCache(nn.Module):
 
     k: torch.Tensor
     v: torch.Tensor
+    k_storage: torch.Tensor  # with transposed_keys: (1, n_kv, hd, S)
 
     def __init__(self, n_kv_heads: int, max_seq_len: int, head_dim: int, dtype: torch.dtype,
                  scratch: torch.Tensor | None = None, transposed_keys: bool = False) -> None:
@@ -163,22 +164,26 @@ class Attention(nn.Module):
         nh, nkv, hd = self.n_heads, self.n_kv_heads, self.head_dim
         assert self.kv_cache is not None, "call setup_cache() before forward()"
         adt = cos.dtype  # attention dtype (see Transformer.attention_dtype)
+        prompt = mask is None and t > 1  # a prompt's own pass, from position 0: causal
+        assert not prompt or start == 0, "a multi-token pass past position 0 needs its mask"
+        if self.exact_kernel:
+            # every row the bits of the single step it stands for, in float32 (decoding/kernels); a
+            # prompt's own pass too (causal), so a prompt read in one pass or in several fills the cache
+            # with the same bits. One call does the rotation, the cache write and the attention, the
+            # same bits as the ops below would give around kernels.exact_attention
+            cache = self.kv_cache
+            y = kernels.attend_step(self.wqkv(x), nh, nkv, cos, sin, cache.k_storage, cache.v, start, mask,
+                                    causal=prompt)  # (1, T, D) bf16
+            return self.wo(y)
         # q, k and v heads side by side, cast once; q and k rotated together
         qkv = self.wqkv(x).view(1, t, nh + 2 * nkv, hd).transpose(1, 2).to(adt)  # (1, nh + 2 nkv, T, hd)
         qk = apply_rope(qkv[:, : nh + nkv], cos, sin)  # (1, nh + nkv, T, hd)
         q = qk[:, :nh]  # (1, nh, T, hd)
         # a prompt's own pass (from position 0, causal) attends over the cache as stored (see
-        # Transformer.attention_dtype): float32 for a bf16 model (the kernel's, or torch's without it)
-        prompt = mask is None and t > 1
-        assert not prompt or start == 0, "a multi-token pass past position 0 needs its mask"
+        # Transformer.attention_dtype): float32 for a bf16 model, through torch's kernel
         k, v = self.kv_cache.update(start, qk[:, nh:], qkv[:, nh + nkv :], start + t, stored=prompt)
         q = q.to(k.dtype)  # k, v: (1, nkv, start + T, hd)
-        if self.exact_kernel:
-            # every row the bits of the single step it stands for, in float32 (decoding/kernels); a
-            # prompt's own pass too (causal), so a prompt read in one pass or in several fills the
-            # cache with the same bits
-            y = kernels.exact_attention(q, k, v, start + t, mask, causal=prompt)  # (1, nh, T, hd)
-        elif t == 1 and mask is None and nh != nkv:
+        if t == 1 and mask is None and nh != nkv:
             # one token: the heads sharing a kv head are that head's queries, so the kernel reads each
             # cached key once instead of once per query head
             y = F.scaled_dot_product_attention(q.reshape(1, nkv, nh // nkv, hd), k, v).reshape(1, nh, 1, hd)

@@ -95,6 +95,9 @@ def _library() -> ctypes.CDLL | None:
     p, i, n = ctypes.c_void_p, ctypes.c_int, ctypes.c_long
     lib.attend.argtypes = [p, n, n, i, i, i, i, ctypes.c_float, p, n, n, p, n, p, i, i, p, i]
     lib.attend.restype = ctypes.c_int
+    f = ctypes.c_float
+    lib.attend_qkv.argtypes = [p, i, i, i, i, i, f, p, p, p, n, n, p, n, i, p, i, p, p, i]
+    lib.attend_qkv.restype = ctypes.c_int
     return lib
 
 
@@ -133,6 +136,42 @@ def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, end: int,
                         k.stride(1), k.stride(3), v.data_ptr(), v.stride(1),
                         None if mask is None else mask.data_ptr(), int(causal), end, out.data_ptr(),
                         torch.get_num_threads())
+    if status != 0:
+        raise MemoryError("exact attention: out of memory for its scratch")
+    return out
+
+
+def attend_step(qkv: torch.Tensor, n_heads: int, n_kv_heads: int, cos: torch.Tensor, sin: torch.Tensor,
+                keys: torch.Tensor, values: torch.Tensor, start: int, mask: torch.Tensor | None = None,
+                causal: bool = False) -> torch.Tensor:
+    """A model's whole attention step in one call, from the q, k, v projection qkv (1, T, (nh + 2 nkv) hd),
+    bf16 or float32: queries and keys rotated by cos, sin (T, hd) float32 (each product and sum rounded
+    as torch's elementwise ops round them), keys and values written to the cache at positions
+    [start, start + T) (keys (1, nkv, hd, S) stored transposed, values (1, nkv, S, hd), both float32),
+    attention as `exact_attention` over [0, start + T) -> (1, T, nh hd) bf16 for the output projection.
+    The same bits as those steps done with torch's ops around `exact_attention`, without the ~20 small
+    ops a layer they take (tests/decoding/test_exact_attention.py)."""
+    lib = _library()
+    assert lib is not None, "attend_step needs the kernel: check available()"
+    _, t, width = qkv.shape
+    hd = width // (n_heads + 2 * n_kv_heads)
+    end = start + t
+    assert qkv.dtype in (torch.bfloat16, torch.float32) and qkv.is_contiguous() and hd <= MAX_HEAD_DIM
+    assert cos.dtype == sin.dtype == torch.float32 and cos.shape == sin.shape == (t, hd)
+    assert cos.is_contiguous() and sin.is_contiguous()
+    assert keys.dtype == values.dtype == torch.float32 and keys.is_contiguous() and values.is_contiguous()
+    assert keys.shape[1:3] == (n_kv_heads, hd) and values.shape[1] == n_kv_heads and values.shape[3] == hd
+    assert end <= keys.shape[3] and end <= values.shape[2], "the cache is too short for this pass"
+    if mask is not None:
+        assert mask.shape == (t, end) and mask.dtype == torch.bool, f"mask {tuple(mask.shape)}: ({t}, {end}) bool"
+        mask = mask.contiguous()
+    out = torch.empty(1, t, n_heads * hd, dtype=torch.bfloat16)  # (1, T, nh hd)
+    scratch = torch.empty(2 * n_heads * t * hd, dtype=torch.float32)
+    status = lib.attend_qkv(qkv.data_ptr(), int(qkv.dtype == torch.bfloat16), t, n_heads, n_kv_heads, hd, hd**-0.5,
+                            cos.data_ptr(), sin.data_ptr(), keys.data_ptr(), keys.stride(1), keys.stride(2),
+                            values.data_ptr(), values.stride(1), start,
+                            None if mask is None else mask.data_ptr(), int(causal), out.data_ptr(),
+                            scratch.data_ptr(), torch.get_num_threads())
     if status != 0:
         raise MemoryError("exact attention: out of memory for its scratch")
     return out

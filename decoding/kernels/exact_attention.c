@@ -245,3 +245,75 @@ int attend(const float* q, long qh, long qr, int nkv, int g, int T, int hd, floa
     }
     return failed ? -1 : 0;
 }
+
+/* ---- a whole attention step from the q, k, v projection: rotation, cache write, attention, bf16 out ---- */
+
+static inline float bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch's .to(torch.bfloat16) */
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0; /* NaN */
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+
+/* x (hd) rotated by cos c and sin s (hd each) in the half-split layout: y = x c + rot(x) s, rot(x) =
+ * (-x[hd/2:], x[:hd/2]), each product and the sum rounded on its own, as torch's three elementwise
+ * ops round them (no fused multiply-add here) */
+__attribute__((optimize("fp-contract=off"))) static void rotate(const float* x, const float* c, const float* s,
+                                                               int hd, float* y, long ys) {
+    int half = hd / 2;
+    for (int d = 0; d < hd; d++) {
+        float r = d < half ? -x[d + half] : x[d - half];
+        float a = x[d] * c[d];
+        float b = r * s[d];
+        y[(long)d * ys] = a + b;
+    }
+}
+
+/* qkv: T rows of (nh + 2 nkv) hd values, bf16 (`bf16`) or float32: the query heads, then the key heads,
+ * then the value heads, each hd wide. cos, sin: (T, hd) float32, each row's rotation. The keys, rotated,
+ * and the values go to the cache at positions [start, start + T): key j of kv head h dimension d at
+ * kt + h khs + d kds + j (transposed), value j at v + h vhs + j hd. Then every row attends (`attend`:
+ * over [0, start + T), with `mask` (T, start + T) or `causal`), and out gets (T, nh hd) bf16, as the
+ * output projection reads it; scores are scaled by `scale`. scratch: 2 nh T hd floats. Returns attend's
+ * status. */
+int attend_qkv(const void* qkv, int bf16, int T, int nh, int nkv, int hd, float scale, const float* cos, const float* sin,
+               float* kt, long khs, long kds, float* v, long vhs, int start, const uint8_t* mask, int causal,
+               uint16_t* out, float* scratch, int threads) {
+    if (hd > MAX_HD) return -1;
+    const int heads = nh + 2 * nkv;
+    float* q = scratch;                  /* (nh, T, hd) rotated queries */
+    float* y = scratch + (long)nh * T * hd; /* (nh, T, hd) attention output */
+#pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1) if (T >= 64)
+    for (int t = 0; t < T; t++) {
+        float x[MAX_HD];
+        for (int h = 0; h < heads; h++) {
+            long at = ((long)t * heads + h) * hd;
+            for (int d = 0; d < hd; d++)
+                x[d] = bf16 ? bf16_to_f32(((const uint16_t*)qkv)[at + d]) : ((const float*)qkv)[at + d];
+            const float* c = cos + (long)t * hd;
+            const float* s = sin + (long)t * hd;
+            if (h < nh) {
+                rotate(x, c, s, hd, q + ((long)h * T + t) * hd, 1);
+            } else if (h < nh + nkv) {
+                rotate(x, c, s, hd, kt + (long)(h - nh) * khs + start + t, kds);
+            } else {
+                memcpy(v + (long)(h - nh - nkv) * vhs + (long)(start + t) * hd, x, (size_t)hd * sizeof(float));
+            }
+        }
+    }
+    int status = attend(q, (long)T * hd, hd, nkv, nh / nkv, T, hd, scale, kt, khs, kds, v, vhs,
+                        mask, causal, start + T, y, threads);
+    if (status != 0) return status;
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < nh; h++)
+            for (int d = 0; d < hd; d++)
+                out[((long)t * nh + h) * hd + d] = f32_to_bf16(y[((long)h * T + t) * hd + d]);
+    return 0;
+}

@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from decoding import kernels
+from decoding.model import ModelArgs, apply_rope, rope_tables
 
 needs_kernel = pytest.mark.skipif(not kernels.available(), reason="no C compiler to build the kernel")
 
@@ -125,3 +126,47 @@ def test_it_builds_once_into_the_cache(tmp_path: Path, caplog: pytest.LogCapture
     kernels._library.cache_clear()
     assert kernels.available()  # loads the file already built
     assert list((tmp_path / "kernels").glob("*")) == built
+
+
+def torch_step(qkv: torch.Tensor, nh: int, nkv: int, cos: torch.Tensor, sin: torch.Tensor, k: torch.Tensor,
+               v: torch.Tensor, start: int, mask: torch.Tensor | None, causal: bool) -> torch.Tensor:
+    """What `attend_step` does, step by step with torch's ops around `exact_attention`; writes k, v."""
+    t = qkv.shape[1]
+    hd = qkv.shape[2] // (nh + 2 * nkv)
+    heads = qkv.view(1, t, nh + 2 * nkv, hd).transpose(1, 2).float()  # (1, nh + 2 nkv, T, hd)
+    qk = apply_rope(heads[:, : nh + nkv], cos, sin)  # (1, nh + nkv, T, hd)
+    k[:, :, start : start + t] = qk[:, nh:]
+    v[:, :, start : start + t] = heads[:, nh + nkv :]
+    y = kernels.exact_attention(qk[:, :nh], k, v, start + t, mask, causal)  # (1, nh, T, hd)
+    return y.transpose(1, 2).reshape(1, t, nh * hd).to(torch.bfloat16)
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize(("nh", "nkv", "hd"), [(9, 3, 64), (4, 2, 8)])
+@pytest.mark.parametrize("kind", ["prompt", "step", "verify", "tree"])
+def test_a_whole_step_in_one_call_gives_the_bits_of_torchs_ops_around_the_kernel(
+        dtype: torch.dtype, nh: int, nkv: int, hd: int, kind: str) -> None:
+    g = torch.Generator().manual_seed(hd + len(kind))
+    start, t = {"prompt": (0, 37), "step": (29, 1), "verify": (29, 6), "tree": (29, 4)}[kind]
+    end = start + t
+    mask = None
+    if kind == "verify":
+        mask = torch.arange(end).unsqueeze(0) <= torch.arange(start, end).unsqueeze(1)  # (T, end)
+    if kind == "tree":  # root, two children, a grandchild under the second
+        mask = torch.zeros(t, end, dtype=torch.bool)
+        mask[:, :start] = True
+        for node, ancestors in enumerate([[0], [0, 1], [0, 2], [0, 2, 3]]):
+            mask[node, [start + a for a in ancestors]] = True
+    qkv = (torch.randn(1, t, (nh + 2 * nkv) * hd, generator=g) * 2).to(dtype)
+    cos_all, sin_all = rope_tables(ModelArgs(vocab_size=8, dim=nh * hd, n_layers=1, n_heads=nh, n_kv_heads=nkv,
+                                             intermediate_size=8, max_seq_len=64), torch.float32)
+    positions = torch.arange(start, end) if kind != "tree" else torch.tensor([0, 1, 1, 2]) + start
+    cos, sin = cos_all[positions], sin_all[positions]  # (T, hd)
+    k_ref, v_ref = caches(nkv, 64, hd, seed=5)
+    keys = k_ref.transpose(2, 3).contiguous()  # (1, nkv, hd, S): the layout the kernel's cache keeps
+    values = v_ref.clone()
+    ours = kernels.attend_step(qkv, nh, nkv, cos, sin, keys, values, start, mask, causal=kind == "prompt")
+    ref = torch_step(qkv, nh, nkv, cos, sin, k_ref, v_ref, start, mask, causal=kind == "prompt")
+    assert torch.equal(ours.view(torch.int16), ref.view(torch.int16))  # bf16 bits
+    assert torch.equal(keys, k_ref.transpose(2, 3)) and torch.equal(values, v_ref)  # the cache, as written
