@@ -283,9 +283,9 @@ __attribute__((optimize("fp-contract=off"))) static void rotate(const float* x, 
  * over [0, start + T), with `mask` (T, start + T) or `causal`), and out gets (T, nh hd) bf16, as the
  * output projection reads it; scores are scaled by `scale`. scratch: 2 nh T hd floats. Returns attend's
  * status. */
-int attend_qkv(const void* qkv, int bf16, int T, int nh, int nkv, int hd, float scale, const float* cos, const float* sin,
-               float* kt, long khs, long kds, float* v, long vhs, int start, const uint8_t* mask, int causal,
-               uint16_t* out, float* scratch, int threads) {
+int attend_qkv(const void* qkv, int bf16, int T, int nh, int nkv, int hd, float scale, const float* cos,
+               const float* sin, float* kt, long khs, long kds, float* v, long vhs, int start,
+               const uint8_t* mask, int causal, uint16_t* out, float* scratch, int threads) {
     if (hd > MAX_HD) return -1;
     const int heads = nh + 2 * nkv;
     float* q = scratch;                  /* (nh, T, hd) rotated queries */
@@ -311,6 +311,7 @@ int attend_qkv(const void* qkv, int bf16, int T, int nh, int nkv, int hd, float 
     int status = attend(q, (long)T * hd, hd, nkv, nh / nkv, T, hd, scale, kt, khs, kds, v, vhs,
                         mask, causal, start + T, y, threads);
     if (status != 0) return status;
+#pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1) if (T >= 64)
     for (int t = 0; t < T; t++)
         for (int h = 0; h < nh; h++)
             for (int d = 0; d < hd; d++)

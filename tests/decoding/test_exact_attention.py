@@ -148,7 +148,8 @@ def torch_step(qkv: torch.Tensor, nh: int, nkv: int, cos: torch.Tensor, sin: tor
 def test_a_whole_step_in_one_call_gives_the_bits_of_torchs_ops_around_the_kernel(
         dtype: torch.dtype, nh: int, nkv: int, hd: int, kind: str) -> None:
     g = torch.Generator().manual_seed(hd + len(kind))
-    start, t = {"prompt": (0, 37), "step": (29, 1), "verify": (29, 6), "tree": (29, 4)}[kind]
+    # 70 prompt tokens: the kernel rotates and writes them on several threads (64 or more)
+    start, t = {"prompt": (0, 70), "step": (73, 1), "verify": (73, 6), "tree": (73, 4)}[kind]
     end = start + t
     mask = None
     if kind == "verify":
@@ -160,13 +161,18 @@ def test_a_whole_step_in_one_call_gives_the_bits_of_torchs_ops_around_the_kernel
             mask[node, [start + a for a in ancestors]] = True
     qkv = (torch.randn(1, t, (nh + 2 * nkv) * hd, generator=g) * 2).to(dtype)
     cos_all, sin_all = rope_tables(ModelArgs(vocab_size=8, dim=nh * hd, n_layers=1, n_heads=nh, n_kv_heads=nkv,
-                                             intermediate_size=8, max_seq_len=64), torch.float32)
+                                             intermediate_size=8, max_seq_len=128), torch.float32)
     positions = torch.arange(start, end) if kind != "tree" else torch.tensor([0, 1, 1, 2]) + start
     cos, sin = cos_all[positions], sin_all[positions]  # (T, hd)
-    k_ref, v_ref = caches(nkv, 64, hd, seed=5)
+    k_ref, v_ref = caches(nkv, 96, hd, seed=5)
     keys = k_ref.transpose(2, 3).contiguous()  # (1, nkv, hd, S): the layout the kernel's cache keeps
     values = v_ref.clone()
-    ours = kernels.attend_step(qkv, nh, nkv, cos, sin, keys, values, start, mask, causal=kind == "prompt")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # rows and tokens split across threads (the test run gives each worker one)
+    try:
+        ours = kernels.attend_step(qkv, nh, nkv, cos, sin, keys, values, start, mask, causal=kind == "prompt")
+    finally:
+        torch.set_num_threads(threads)
     ref = torch_step(qkv, nh, nkv, cos, sin, k_ref, v_ref, start, mask, causal=kind == "prompt")
     assert torch.equal(ours.view(torch.int16), ref.view(torch.int16))  # bf16 bits
     assert torch.equal(keys, k_ref.transpose(2, 3)) and torch.equal(values, v_ref)  # the cache, as written
