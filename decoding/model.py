@@ -46,11 +46,12 @@ class ModelArgs:
 class KVCache(nn.Module):
     """Keys and values of every layer position, written in place at `input_pos`, read in `dtype`.
 
-    A bf16 model's cache keeps them in float32. The exact kernel (decoding/kernels) reads them as
-    stored; float64 attention (without the kernel) copies them into `scratch` (one float64 buffer the
-    layers share, as they run one after another) for each pass. At an agent's long context, reading
-    the cache is much of a decode step, and float32 halves it against float64 (a step of the embedded
-    model at a 1,800-token context: 27.8 -> 24.9 ms on the 2-core development CPU). Every
+    A bf16 model's cache keeps them in float32. The exact kernel (decoding/kernels.attend_step) writes
+    and reads them as stored, without `update`; float64 attention (without the kernel) copies them into
+    `scratch` (one float64 buffer the layers share, as they run one after another) for each pass. At an
+    agent's long context, reading the cache is much of a decode step, and float32 halves it against
+    float64 (a step of the embedded model at a 1,800-token context: 27.8 -> 24.9 ms on the 2-core
+    development CPU). Every
     pass reads the same stored values, so a verify pass still reproduces single steps bit for bit;
     values are the projection's own (bf16, or float32 where its reduction was split); keys are rotated
     in float32 with the kernel, else in float64 and rounded once to float32. The kernel scores with vector
@@ -71,7 +72,6 @@ class KVCache(nn.Module):
         stored = dtype if scratch is None else torch.float32
         # `k` is always (1, n_kv, S, hd); with `transposed_keys` it is a view of (1, n_kv, hd, S) storage,
         # the layout the exact kernel scores from (one head dimension of many keys in a vector)
-        self.transposed_keys = transposed_keys
         if transposed_keys:
             storage = torch.zeros(1, n_kv_heads, head_dim, max_seq_len, dtype=stored)  # (1, n_kv, hd, S)
             self.register_buffer("k_storage", storage, persistent=False)

@@ -106,6 +106,21 @@ def available() -> bool:
     return _library() is not None
 
 
+def _mask_bytes(mask: torch.Tensor | None, t: int, end: int) -> int | None:
+    """The address of a (T, end) bool mask as the kernel reads it (bytes 0 / 1), or None: no mask. The
+    caller keeps `mask` alive, contiguous, for the call."""
+    if mask is None:
+        return None
+    assert mask.shape == (t, end) and mask.dtype == torch.bool, f"mask {tuple(mask.shape)}: ({t}, {end}) bool"
+    assert mask.is_contiguous(), "the kernel reads the mask row by row"
+    return int(mask.data_ptr())
+
+
+def _check(status: int) -> None:
+    if status != 0:
+        raise MemoryError("exact attention: out of memory for its scratch")
+
+
 def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, end: int,
                     mask: torch.Tensor | None = None, causal: bool = False) -> torch.Tensor:
     """Attention of q (1, nh, T, hd) over cached keys and values k, v (1, nkv, S, hd) float32 (positions
@@ -128,16 +143,12 @@ def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, end: int,
     q = q.float()
     if q.stride(-1) != 1:
         q = q.contiguous()
-    if mask is not None:
-        assert mask.shape == (t, end) and mask.dtype == torch.bool, f"mask {tuple(mask.shape)}: ({t}, {end}) bool"
-        mask = mask.contiguous()  # read as bytes 0 / 1
+    mask = None if mask is None else mask.contiguous()
     out = torch.empty(1, nh, t, hd, dtype=torch.float32)  # (1, nh, T, hd)
     status = lib.attend(q.data_ptr(), q.stride(1), q.stride(2), nkv, nh // nkv, t, hd, hd**-0.5, k.data_ptr(),
-                        k.stride(1), k.stride(3), v.data_ptr(), v.stride(1),
-                        None if mask is None else mask.data_ptr(), int(causal), end, out.data_ptr(),
-                        torch.get_num_threads())
-    if status != 0:
-        raise MemoryError("exact attention: out of memory for its scratch")
+                        k.stride(1), k.stride(3), v.data_ptr(), v.stride(1), _mask_bytes(mask, t, end), int(causal),
+                        end, out.data_ptr(), torch.get_num_threads())
+    _check(status)
     return out
 
 
@@ -162,16 +173,12 @@ def attend_step(qkv: torch.Tensor, n_heads: int, n_kv_heads: int, cos: torch.Ten
     assert keys.dtype == values.dtype == torch.float32 and keys.is_contiguous() and values.is_contiguous()
     assert keys.shape[1:3] == (n_kv_heads, hd) and values.shape[1] == n_kv_heads and values.shape[3] == hd
     assert end <= keys.shape[3] and end <= values.shape[2], "the cache is too short for this pass"
-    if mask is not None:
-        assert mask.shape == (t, end) and mask.dtype == torch.bool, f"mask {tuple(mask.shape)}: ({t}, {end}) bool"
-        mask = mask.contiguous()
+    mask = None if mask is None else mask.contiguous()
     out = torch.empty(1, t, n_heads * hd, dtype=torch.bfloat16)  # (1, T, nh hd)
     scratch = torch.empty(2 * n_heads * t * hd, dtype=torch.float32)
     status = lib.attend_qkv(qkv.data_ptr(), int(qkv.dtype == torch.bfloat16), t, n_heads, n_kv_heads, hd, hd**-0.5,
                             cos.data_ptr(), sin.data_ptr(), keys.data_ptr(), keys.stride(1), keys.stride(2),
-                            values.data_ptr(), values.stride(1), start,
-                            None if mask is None else mask.data_ptr(), int(causal), out.data_ptr(),
-                            scratch.data_ptr(), torch.get_num_threads())
-    if status != 0:
-        raise MemoryError("exact attention: out of memory for its scratch")
+                            values.data_ptr(), values.stride(1), start, _mask_bytes(mask, t, end), int(causal),
+                            out.data_ptr(), scratch.data_ptr(), torch.get_num_threads())
+    _check(status)
     return out
