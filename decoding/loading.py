@@ -88,6 +88,8 @@ def build_model(args: ModelArgs, state_dict: dict[str, torch.Tensor], dtype: tor
     if args.tie_embeddings:
         model.output.weight = model.tok_embeddings.weight
     model = model.to(dtype).eval().requires_grad_(False)
+    if dtype == torch.bfloat16:
+        model.use_exact_linears()  # where the kernel runs here; else oneDNN's packed layers below
     pack_linears(model)
     return model
 

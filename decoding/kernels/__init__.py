@@ -1,4 +1,7 @@
-"""Exact float32 attention for a bf16 model's passes (exact_attention.c), built once per machine.
+"""Exact kernels for a bf16 model's passes, built once per machine: float32 attention
+(exact_attention.c), and on CPUs with AVX512-BF16 the linear layers and the RMSNorm before them
+(exact_linear.c, exact_norm.c). Each computes every row by one fixed sequence of float operations
+whatever the pass; the attention is described here, the others in their sources.
 
 Speculation is exact only if a verify pass gives every row the bits of the single step it stands for.
 torch's float32 attention kernel blocks its work by the pass's shape, so rows differ in their last bits
@@ -38,7 +41,9 @@ from decoding.tokenizer import cache_root
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("exact_attention.c")
+# one library: exact attention, and exact bf16 linear layers with the RMSNorm before them (exact_linear.c,
+# where the CPU has AVX512-BF16; exact_norm.c)
+SOURCES = tuple(Path(__file__).with_name(name) for name in ("exact_attention.c", "exact_linear.c", "exact_norm.c"))
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 MAX_HEAD_DIM = 256  # MAX_HD in the source
 
@@ -55,15 +60,16 @@ def _cpu_features() -> str:
 
 def _build(compiler: str, flags: tuple[str, ...]) -> Path:
     key = hashlib.sha256(
-        "\n".join([SOURCE.read_text(), compiler, *flags, platform.machine(), _cpu_features()]).encode()
+        "\n".join([*(source.read_text() for source in SOURCES), compiler, *flags, platform.machine(),
+                   _cpu_features()]).encode()
     ).hexdigest()[:16]
-    target = cache_root() / "kernels" / f"exact_attention-{key}.so"
+    target = cache_root() / "kernels" / f"exact-{key}.so"
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         built = Path(tmp) / target.name
-        subprocess.run([compiler, *flags, "-o", str(built), str(SOURCE)], check=True, capture_output=True,
+        subprocess.run([compiler, *flags, "-o", str(built), *map(str, SOURCES)], check=True, capture_output=True,
                        text=True, timeout=120)
         built.replace(target)  # atomic: a concurrent build writes the same bytes
     return target
@@ -81,23 +87,34 @@ def _load(compiler: str) -> ctypes.CDLL:
 @cache
 def _library() -> ctypes.CDLL | None:
     if os.environ.get("DRAFTGATE_EXACT_KERNEL", "1") == "0":
-        log.info("exact float32 attention off (DRAFTGATE_EXACT_KERNEL=0): bf16 models attend in float64, exact "
-                 "and slower")
+        log.info("exact float32 attention off (DRAFTGATE_EXACT_KERNEL=0): bf16 models attend in float64 and "
+                 "multiply through oneDNN, exact and slower")
         return None
     compiler = os.environ.get("CC", "cc")
     try:
         lib = _load(compiler)
     except (OSError, subprocess.SubprocessError) as exc:
         detail = exc.stderr.strip()[-400:] if isinstance(exc, subprocess.CalledProcessError) and exc.stderr else exc
-        log.warning("exact float32 attention unavailable (%s); attending in float64, exact and slower", detail)
+        log.warning("exact float32 attention unavailable (%s); attending in float64 and multiplying through "
+                    "oneDNN, exact and slower", detail)
         return None
-    log.info("exact float32 attention: %s", lib._name)
     p, i, n = ctypes.c_void_p, ctypes.c_int, ctypes.c_long
     lib.attend.argtypes = [p, n, n, i, i, i, i, ctypes.c_float, p, n, n, p, n, p, i, i, p, i]
     lib.attend.restype = ctypes.c_int
     f = ctypes.c_float
     lib.attend_qkv.argtypes = [p, i, i, i, i, i, f, p, p, p, n, n, p, n, i, p, i, p, p, i]
     lib.attend_qkv.restype = ctypes.c_int
+    lib.exact_linear_available.restype = ctypes.c_int
+    lib.exact_linear_packed_size.argtypes = [n, n]
+    lib.exact_linear_packed_size.restype = n
+    lib.exact_linear_pack.argtypes = [p, n, n, p]
+    lib.exact_linear_pack.restype = None
+    lib.exact_linear.argtypes = [p, i, n, p, n, n, p, p, i]
+    lib.exact_linear.restype = ctypes.c_int
+    lib.exact_rms_norm.argtypes = [p, n, n, p, f, p, i]
+    lib.exact_rms_norm.restype = None
+    log.info("exact float32 attention: %s (exact linear layers: %s)", lib._name,
+             "yes" if lib.exact_linear_available() else "no, the CPU lacks AVX512-BF16")
     return lib
 
 
@@ -117,8 +134,10 @@ def _mask_bytes(mask: torch.Tensor | None, t: int, end: int) -> int | None:
 
 
 def _check(status: int) -> None:
+    if status == 1:
+        raise MemoryError("exact kernel: out of memory for its scratch")
     if status != 0:
-        raise MemoryError("exact attention: out of memory for its scratch")
+        raise RuntimeError(f"exact kernel: status {status}")
 
 
 def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, end: int,
@@ -181,4 +200,58 @@ def attend_step(qkv: torch.Tensor, n_heads: int, n_kv_heads: int, cos: torch.Ten
                             values.data_ptr(), values.stride(1), start, _mask_bytes(mask, t, end), int(causal),
                             out.data_ptr(), scratch.data_ptr(), torch.get_num_threads())
     _check(status)
+    return out
+
+
+def linear_available() -> bool:
+    """Whether exact bf16 linear layers run here: the kernel builds and the CPU has AVX512-BF16."""
+    lib = _library()
+    return lib is not None and bool(lib.exact_linear_available())
+
+
+def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor:
+    """A linear layer's weight (N, K) bf16, K even, in the layout `exact_linear` reads (1-D bf16, outputs
+    in groups of 64, each group's weights one contiguous stream)."""
+    lib = _library()
+    assert lib is not None, "pack_linear_weight needs the kernel: check linear_available()"
+    n, k = weight.shape
+    assert weight.dtype == torch.bfloat16 and k % 2 == 0, "exact linear layers take bf16 weights, an even K"
+    weight = weight.detach().contiguous()
+    packed = torch.empty(lib.exact_linear_packed_size(n, k), dtype=torch.bfloat16)
+    lib.exact_linear_pack(weight.data_ptr(), n, k, packed.data_ptr())
+    return packed
+
+
+def exact_linear(x: torch.Tensor, packed: torch.Tensor, out_features: int,
+                 bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x (..., K) bf16, or float32 (rounded to bf16 as `x.to(torch.bfloat16)` rounds it) -> x W^T + bias
+    (..., N) float32, W packed by `pack_linear_weight`; bias (N,) float32. Every output the same bits in
+    any pass (row count, rows beside it, threads): exact_linear.c."""
+    lib = _library()
+    assert lib is not None, "exact_linear needs the kernel: check linear_available()"
+    k = x.shape[-1]
+    assert x.dtype in (torch.bfloat16, torch.float32), f"exact linear input {x.dtype}"
+    assert packed.numel() == -(-out_features // 64) * 64 * k, "packed for another shape"  # groups of 64 outputs
+    assert bias is None or (bias.dtype == torch.float32 and bias.is_contiguous())
+    if not x.is_contiguous():
+        x = x.contiguous()
+    t = x.numel() // k
+    out = torch.empty(*x.shape[:-1], out_features, dtype=torch.float32)  # (..., N)
+    status = lib.exact_linear(x.data_ptr(), int(x.dtype == torch.float32), t, packed.data_ptr(), out_features, k,
+                              None if bias is None else bias.data_ptr(), out.data_ptr(), torch.get_num_threads())
+    _check(status)
+    return out
+
+
+def exact_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm of x (..., D) float32 with weight (D,) float32 -> (..., D) bf16, each row the same bits in
+    any pass (exact_norm.c): the input of exact linear layers."""
+    lib = _library()
+    assert lib is not None, "exact_rms_norm needs the kernel: check available()"
+    assert x.dtype == weight.dtype == torch.float32 and weight.is_contiguous() and weight.shape == x.shape[-1:]
+    if not x.is_contiguous():
+        x = x.contiguous()
+    d = x.shape[-1]
+    out = torch.empty(x.shape, dtype=torch.bfloat16)
+    lib.exact_rms_norm(x.data_ptr(), x.numel() // d, d, weight.data_ptr(), eps, out.data_ptr(), torch.get_num_threads())
     return out

@@ -73,14 +73,20 @@ def test_a_one_token_pass_reads_only_what_its_mask_allows(tiny_model: TinyFactor
     pytest.param(True, marks=pytest.mark.skipif(not kernels.available(), reason="no C compiler for the kernel")),
     False,
 ], ids=["exact-kernel", "float64"])
+@pytest.mark.parametrize("exact_linears", [
+    False,
+    pytest.param(True, marks=pytest.mark.skipif(not kernels.linear_available(), reason="no AVX512-BF16 here")),
+], ids=["torch-linears", "exact-linears"])
 def test_a_bf16_model_attends_exactly_over_its_float32_cache_past_the_prompt(
-        tiny_model: TinyFactory, monkeypatch: pytest.MonkeyPatch, kernel: bool) -> None:
+        tiny_model: TinyFactory, monkeypatch: pytest.MonkeyPatch, kernel: bool, exact_linears: bool) -> None:
     # keys and values are kept in float32 (half the memory a long context streams each step); the prompt's
     # own pass attends over them as stored, every later pass through the exact float32 kernel, or in
-    # float64 without it: either way a verify pass gives the bits of single steps
+    # float64 without it: either way a verify pass gives the bits of single steps, with torch's linear
+    # layers or the exact ones (decoding/kernels/exact_linear.c)
+    model = tiny_model(vocab_size=50, dtype=torch.bfloat16, seed=3).model
+    assert model.use_exact_linears() if exact_linears else True
     if not kernel:
         monkeypatch.setattr(kernels, "available", lambda: False)
-    model = tiny_model(vocab_size=50, dtype=torch.bfloat16, seed=3).model
     model.setup_cache(32)
     cache = model.blocks[0].attention.kv_cache
     assert cache is not None and cache.k.dtype == cache.v.dtype == torch.float32
@@ -105,10 +111,16 @@ def test_a_bf16_model_attends_exactly_over_its_float32_cache_past_the_prompt(
 
 
 @pytest.mark.skipif(not kernels.available(), reason="no C compiler for the kernel")
-def test_with_the_kernel_a_prompt_read_in_two_passes_gives_the_bits_of_one(tiny_model: TinyFactory) -> None:
+@pytest.mark.parametrize("exact_linears", [
+    False,
+    pytest.param(True, marks=pytest.mark.skipif(not kernels.linear_available(), reason="no AVX512-BF16 here")),
+], ids=["torch-linears", "exact-linears"])
+def test_with_the_kernel_a_prompt_read_in_two_passes_gives_the_bits_of_one(tiny_model: TinyFactory,
+                                                                           exact_linears: bool) -> None:
     # every row of every pass is computed alike (rotation in float32, attention by the kernel), so a
     # prompt's cache and logits do not depend on how it was cut: what reusing a cached prefix needs
     model = tiny_model(vocab_size=50, dtype=torch.bfloat16, seed=6).model
+    assert model.use_exact_linears() if exact_linears else True
     tokens = torch.tensor([0, 5, 9, 3, 3, 41, 7, 12, 19, 2, 33, 8])
     model.setup_cache(32)
     whole = model(tokens, 0)  # (12, V)

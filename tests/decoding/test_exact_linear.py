@@ -1,0 +1,96 @@
+"""The exact bf16 linear kernel (decoding/kernels/exact_linear.c): the matmul, within float32's own
+rounding bound, and every row the same bits in any pass, on any number of threads."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from decoding import kernels
+from decoding.packing import ExactLinear
+
+pytestmark = pytest.mark.skipif(not kernels.linear_available(), reason="needs the kernel and AVX512-BF16")
+
+
+def make(n: int, k: int, seed: int, bias: bool = True) -> tuple[torch.nn.Linear, torch.Generator]:
+    g = torch.Generator().manual_seed(seed)
+    linear = torch.nn.Linear(k, n, bias=bias).to(torch.bfloat16)
+    with torch.no_grad():
+        linear.weight.copy_(torch.randn(n, k, generator=g) / k**0.5)
+        if bias:
+            linear.bias.copy_(torch.randn(n, generator=g))
+    return linear, g
+
+
+@pytest.mark.parametrize(("n", "k"), [(200, 96), (64, 576), (576, 1536), (17, 2)])
+def test_it_is_the_matmul_within_float32_rounding(n: int, k: int) -> None:
+    linear, g = make(n, k, seed=n + k)
+    x = torch.randn(7, k, generator=g).to(torch.bfloat16)  # (7, K)
+    got = ExactLinear(linear)(x)  # (7, N) float32
+    assert got.dtype == torch.float32 and got.shape == (7, n)
+    # bf16 products are exact in float32; K float32 additions each round by at most 2^-24 of the
+    # running sum, bounded by the sum of |products| (and the bias's own addition)
+    xd, wd, bd = x.double(), linear.weight.double(), linear.bias.double()
+    want = xd @ wd.T + bd  # (7, N)
+    bound = (k + 1) * 2.0**-24 * (xd.abs() @ wd.abs().T + bd.abs())
+    assert bool(((got.double() - want).abs() <= bound).all())
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_every_row_is_the_same_bits_in_any_pass(threads: int) -> None:
+    # a verify pass of k rows stands for k single steps, and a prompt read in one pass for the same
+    # prompt read in several: each row must not depend on the rows beside it or on the thread split
+    linear, g = make(200, 576, seed=1)
+    exact = ExactLinear(linear)
+    x = torch.randn(300, 576, generator=g).to(torch.bfloat16)  # (300, K)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        whole = exact(x)  # (300, N)
+        for t in range(1, 15):  # every tile shape (6 rows a tile) and its remainders
+            assert torch.equal(exact(x[:t]), whole[:t])
+        assert torch.equal(torch.cat([exact(x[i : i + 1]) for i in range(20)]), whole[:20])
+        assert torch.equal(exact(x[7:130]), whole[7:130])  # rows at other places in the tiles
+        assert torch.equal(exact(x.view(3, 100, 576)), whole.view(3, 100, 200))  # any leading shape
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_float32_input_is_rounded_as_a_cast_rounds_it() -> None:
+    linear, g = make(64, 64, seed=2, bias=False)
+    exact = ExactLinear(linear)
+    x = torch.randn(9, 64, generator=g)  # (9, K) float32
+    # halfway between two bf16 values (ties go to even), and the values around them
+    halfway = torch.tensor([1.0 + 2.0**-8, 1.0 + 3 * 2.0**-8, -(2.0 + 2.0**-7), 1.0 + 2.0**-8 + 2.0**-20])
+    x[0, :4] = halfway
+    assert torch.equal(exact(x), exact(x.to(torch.bfloat16)))
+    assert not torch.equal(exact(x), exact(x.to(torch.bfloat16).float() + 2.0**-12))  # rounding matters here
+
+
+def test_the_embedded_layers_round_trip_their_weights() -> None:
+    # the module keeps the weight it was built from (state_dict, the LM head's rows the draft head reads)
+    linear, _ = make(96, 64, seed=3)
+    exact = ExactLinear(linear)
+    assert exact.weight is linear.weight and exact.bias is linear.bias
+    assert set(exact.state_dict()) == {"weight", "bias"}
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_norm_before_them_is_rmsnorm_and_the_same_bits_in_any_pass(threads: int) -> None:
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(130, 576, generator=g) * 3  # (T, D) a residual stream
+    weight = torch.rand(576, generator=g) + 0.5  # (D,)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        whole = kernels.exact_rms_norm(x, weight, 1e-5)  # (T, D) bf16
+        assert whole.dtype == torch.bfloat16 and whole.shape == x.shape
+        for t in (1, 2, 7, 64, 65):  # the kernel splits rows across threads from 64 rows
+            assert torch.equal(kernels.exact_rms_norm(x[:t], weight, 1e-5), whole[:t])
+        assert torch.equal(kernels.exact_rms_norm(x[5:9], weight, 1e-5), whole[5:9])
+    finally:
+        torch.set_num_threads(before)
+    # torch's RMSNorm then its cast, to within one bf16 rounding (2^-8 relative) either way
+    want = torch.nn.functional.rms_norm(x, (576,), weight, 1e-5)  # (T, D) float32
+    assert bool(((whole.float() - want).abs() <= 2.0**-8 * want.abs() + 1e-30).all())
+    assert (whole == want.to(torch.bfloat16)).float().mean() > 0.99  # nearly always the same bf16 value
