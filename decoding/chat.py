@@ -93,6 +93,9 @@ def normalize_messages(messages: Any, tools: list[Tool], choice: ToolChoice,
             turns.append({"role": "assistant", "content": text})
         elif role == "tool":
             call_id = message.get("tool_call_id")
+            if call_id is None:
+                raise MessageError(f"{where} (a tool result) needs tool_call_id: the id of the assistant's tool "
+                                   "call it answers", param=f"{where}.tool_call_id")
             if call_id not in call_names:
                 raise MessageError(f"{where}.tool_call_id {call_id!r} answers no tool call of an earlier assistant "
                                    "message", param=f"{where}.tool_call_id")

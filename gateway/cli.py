@@ -105,6 +105,7 @@ def _generate(args: argparse.Namespace) -> int:
     elif output.content is not None and (not args.stream or held):
         sys.stdout.write(result.text if not args.stream else held)
     sys.stdout.write("\n")
+    sys.stdout.flush()  # the text and its newline before the stats line (stderr, unbuffered)
     summary = {
         "finish_reason": output.finish_reason,
         "prompt_tokens": result.prompt_tokens,

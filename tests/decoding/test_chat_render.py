@@ -60,12 +60,16 @@ def test_calls_and_results_are_written_inline() -> None:
     ([{"role": "user", "content": 3}], "messages[0].content"),
     ([{"role": "user", "content": "x"}, {"role": "tool", "tool_call_id": "call_zz", "content": "r"}],
      "messages[1].tool_call_id"),
+    ([{"role": "user", "content": "x"}, {"role": "tool", "content": "r"}], "messages[1].tool_call_id"),
     ([{"role": "assistant", "content": None, "tool_calls": [{"type": "function"}]}], "messages[0].tool_calls[0]"),
 ])
 def test_bad_messages_name_the_field(messages: list, param: str) -> None:
     with pytest.raises(MessageError) as err:
         normalize_messages(messages, TOOLS, parse_tool_choice("auto", TOOLS))
     assert err.value.param == param and err.value.code == "invalid_messages"
+    if param.endswith("tool_call_id"):  # a missing id is said to be missing, a wrong one to answer nothing
+        missing = "tool_call_id" not in messages[-1]
+        assert ("needs tool_call_id" in str(err.value)) == missing
 
 
 def test_special_token_text_in_a_message_stays_text(embedded_tokenizer: Tokenizer) -> None:
