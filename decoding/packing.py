@@ -94,7 +94,7 @@ class ExactLinear(nn.Module):
         self.out_features = linear.out_features
         self.weight = linear.weight
         self.bias = linear.bias
-        self.packed = kernels.pack_linear_weight(linear.weight)  # (groups * 64 * in,) bf16
+        self.packed = kernels.pack_linear_weight(linear.weight)  # (groups * 32 * in,) bf16
         self._bias = None if linear.bias is None else linear.bias.detach().float().contiguous()  # (out,)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -211,7 +211,7 @@ def linear_available() -> bool:
 
 def pack_linear_weight(weight: torch.Tensor) -> torch.Tensor:
     """A linear layer's weight (N, K) bf16, K even, in the layout `exact_linear` reads (1-D bf16, outputs
-    in groups of 64, each group's weights one contiguous stream)."""
+    in groups of 32, each group's weights one contiguous stream)."""
     lib = _library()
     assert lib is not None, "pack_linear_weight needs the kernel: check linear_available()"
     n, k = weight.shape
@@ -231,7 +231,7 @@ def exact_linear(x: torch.Tensor, packed: torch.Tensor, out_features: int,
     assert lib is not None, "exact_linear needs the kernel: check linear_available()"
     k = x.shape[-1]
     assert x.dtype in (torch.bfloat16, torch.float32), f"exact linear input {x.dtype}"
-    assert packed.numel() == -(-out_features // 64) * 64 * k, "packed for another shape"  # groups of 64 outputs
+    assert packed.numel() == -(-out_features // 32) * 32 * k, "packed for another shape"  # groups of 32 outputs
     assert bias is None or (bias.dtype == torch.float32 and bias.is_contiguous())
     if not x.is_contiguous():
         x = x.contiguous()

@@ -11,11 +11,12 @@
  *
  * Why our own: oneDNN's bf16 kernel blocks reductions longer than 768 differently for different row
  * counts (the model split them, decoding/packing.py), and a one-row step streamed the weights at ~30
- * GB/s on the 2-core development CPU. Here the weights are packed so that each group of 64 outputs reads
- * one contiguous stream (for each input pair, its 64 outputs' two weights: 256 bytes), and a one-row
- * step streams them at ~60 GB/s: the embedded model's 151 linears a step 8.4 -> 4.6 ms
- * (decoding/drafts/README.md). Rows come 6 at a time against 4 output vectors: 24 accumulators, 4
- * weight loads and 6 broadcasts for 24 multiply-adds, which keeps prompts at oneDNN's speed.
+ * GB/s on the 2-core development CPU. Here the weights are packed so that each group of 32 outputs reads
+ * one contiguous stream (for each input pair, its 32 outputs' two weights: 128 bytes), and a one-row
+ * step streams them at ~55 GB/s: the embedded model's 151 linears a step ~8.5 -> ~4.7 ms
+ * (decoding/drafts/README.md). Up to 12 rows run against a group at once (24 accumulators: 2 weight
+ * loads and 12 broadcasts for 24 multiply-adds), so a verify pass reads the weights once; longer
+ * passes split into tiles as even as they come, and prompts run at oneDNN's speed.
  *
  * Inputs are bf16, or float32 rounded to bf16 (to nearest even, as torch's cast) once per pass.
  * Outputs are float32: the accumulators, plus the bias. Needs AVX512-BF16; built without it, only
@@ -25,9 +26,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define GV 4         /* output vectors per group */
+#define GV 2         /* output vectors per group */
 #define GW (GV * 16) /* outputs per group: the packed layout's unit */
-#define TB 6         /* rows per tile */
+#define TB 12        /* rows per tile, at most */
 
 int exact_linear_available(void) {
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
@@ -71,16 +72,13 @@ static inline __attribute__((always_inline)) void tile(const uint16_t *x, long x
   const uint16_t *xr = x + t0 * xs;
   const uint16_t *wp = wg;
   for (long p = 0; p < k / 2; p++, wp += GW * 2) {
-    __m512bh w0 = (__m512bh)_mm512_loadu_si512(wp), w1 = (__m512bh)_mm512_loadu_si512(wp + 32),
-             w2 = (__m512bh)_mm512_loadu_si512(wp + 64), w3 = (__m512bh)_mm512_loadu_si512(wp + 96);
+    __m512bh w[GV];
+    for (int v = 0; v < GV; v++) w[v] = (__m512bh)_mm512_loadu_si512(wp + 32 * v);
     for (int i = 0; i < tb; i++) {
       int32_t pair;
       memcpy(&pair, xr + i * xs + 2 * p, sizeof pair);
       __m512bh b = (__m512bh)_mm512_set1_epi32(pair);
-      acc[i][0] = _mm512_dpbf16_ps(acc[i][0], w0, b);
-      acc[i][1] = _mm512_dpbf16_ps(acc[i][1], w1, b);
-      acc[i][2] = _mm512_dpbf16_ps(acc[i][2], w2, b);
-      acc[i][3] = _mm512_dpbf16_ps(acc[i][3], w3, b);
+      for (int v = 0; v < GV; v++) acc[i][v] = _mm512_dpbf16_ps(acc[i][v], w[v], b);
     }
   }
   for (int v = 0; v < GV; v++) {
@@ -95,14 +93,13 @@ static inline __attribute__((always_inline)) void tile(const uint16_t *x, long x
   }
 }
 
+#define ROWS(tb) \
+  case tb: tile(x, xs, wg, k, n0, n, bias, y, ys, t0, tb); break;
+
 static void rows_of_group(const uint16_t *x, long xs, const uint16_t *wg, long k, long n0, long n,
                           const float *bias, float *y, long ys, long t0, long tb) {
   switch (tb) { /* a constant row count per tile keeps its accumulators in registers */
-    case 1: tile(x, xs, wg, k, n0, n, bias, y, ys, t0, 1); break;
-    case 2: tile(x, xs, wg, k, n0, n, bias, y, ys, t0, 2); break;
-    case 3: tile(x, xs, wg, k, n0, n, bias, y, ys, t0, 3); break;
-    case 4: tile(x, xs, wg, k, n0, n, bias, y, ys, t0, 4); break;
-    case 5: tile(x, xs, wg, k, n0, n, bias, y, ys, t0, 5); break;
+    ROWS(1) ROWS(2) ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8) ROWS(9) ROWS(10) ROWS(11)
     default: tile(x, xs, wg, k, n0, n, bias, y, ys, t0, TB); break;
   }
 }
@@ -134,8 +131,9 @@ int exact_linear(const void *x, int x_f32, long t, const uint16_t *packed, long 
 #pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1)
   for (long g = 0; g < groups; g++) {
     const uint16_t *wg = packed + g * (k / 2) * GW * 2;
-    for (long t0 = 0; t0 < t; t0 += TB)
-      rows_of_group(xb, k, wg, k, g * GW, n, bias, y, n, t0, t - t0 < TB ? t - t0 : TB);
+    long tiles = (t + TB - 1) / TB, rows = (t + tiles - 1) / tiles; /* as even as they come: 16 = 8 + 8 */
+    for (long t0 = 0; t0 < t; t0 += rows)
+      rows_of_group(xb, k, wg, k, g * GW, n, bias, y, n, t0, t - t0 < rows ? t - t0 : rows);
   }
   free(rounded);
   return 0;
