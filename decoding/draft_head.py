@@ -27,7 +27,7 @@ from torch import nn
 
 from decoding.copy_hints import MAX_N
 from decoding.errors import ModelLoadError, TokenizerMismatchError
-from decoding.model import Block, KVCache, ModelArgs, RMSNorm, rope_tables
+from decoding.model import Block, KVCache, ModelArgs, RMSNorm, rope_tables, take_exact_linears
 from decoding.packing import pack_linears
 
 DESIGNS = ("eagle", "eagle3", "tokens")
@@ -158,8 +158,11 @@ class DraftHead(nn.Module):
         self.lm_head = head
 
     def prepare_inference(self, dtype: torch.dtype) -> DraftHead:
-        """Cast for decoding and pack the linear layers (as the target's)."""
+        """Cast for decoding and pack the linear layers (as the target's: the exact kernel's where it runs,
+        a head step's matmuls then ~1.5x faster, else oneDNN's)."""
         self.to(dtype).eval().requires_grad_(False)
+        if dtype == torch.bfloat16:
+            take_exact_linears(self, self.blocks)
         pack_linears(self)
         return self
 
@@ -235,7 +238,7 @@ class DraftHead(nn.Module):
         if extra is None or extra.numel() == 0:
             return logits
         rows = self.lm_rows[extra].to(self.dtype)  # (n, D)
-        return torch.cat([logits.to(h.dtype), h @ rows.T], dim=-1)  # (T, Vd + n)
+        return torch.cat([logits, (h @ rows.T).to(logits.dtype)], dim=-1)  # (T, Vd + n)
 
 
 def save_head(head: DraftHead, path: Path, target_fingerprint: str, card: dict[str, Any]) -> None:

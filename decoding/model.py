@@ -232,6 +232,17 @@ class Block(nn.Module):
         return h + self.feed_forward(self.ffn_norm(h))
 
 
+def take_exact_linears(module: nn.Module, blocks: list[Block]) -> bool:
+    """Every `nn.Linear` under `module` an `ExactLinear`, and the RMSNorms of its `blocks` through the
+    kernel too, if every layer can run it here (else none: returns False)."""
+    if not all(can_run_exact(m) for m in module.modules() if isinstance(m, nn.Linear)):
+        return False
+    pack_linears(module, exact=True)
+    for block in blocks:
+        block.attention_norm.exact = block.ffn_norm.exact = True
+    return True
+
+
 class Transformer(nn.Module):
     """forward(tokens at positions [start, start + T)) -> logits (T, V) of the next token after each."""
 
@@ -387,16 +398,11 @@ class Transformer(nn.Module):
     def use_exact_linears(self) -> bool:
         """Run every linear layer through decoding/kernels' exact bf16 kernel, where it runs here (a bf16
         model, a CPU with AVX512-BF16, even input widths): each row the same bits in any pass, as the
-        exact attention, and a decode step's matmuls ~1.8x faster than oneDNN's on the 2-core development
+        exact attention, and a decode step's matmuls ~1.5x faster than oneDNN's on the 2-core development
         CPU. Their outputs are float32 (the accumulators, never rounded to bf16), and the blocks' norms
         before them run through the kernel too (each ~2 us against ~25 for torch's ops). All layers or
         none: returns whether it took them."""
-        if not all(can_run_exact(m) for m in self.modules() if isinstance(m, nn.Linear)):
-            return False
-        pack_linears(self, exact=True)
-        for block in self.blocks:
-            block.attention_norm.exact = block.ffn_norm.exact = True
-        return True
+        return take_exact_linears(self, self.blocks)
 
     def keep_path(self, start: int, rows: list[int]) -> None:
         """After a tree pass at `start`: move the cache entries of the accepted rows (increasing, row 0
