@@ -398,7 +398,7 @@ class Transformer(nn.Module):
     def use_exact_linears(self) -> bool:
         """Run every linear layer through decoding/kernels' exact bf16 kernel, where it runs here (a bf16
         model, a CPU with AVX512-BF16, even input widths): each row the same bits in any pass, as the
-        exact attention, and a decode step's matmuls ~1.5x faster than oneDNN's on the 2-core development
+        exact attention, and a decode step's matmuls ~1.8x faster than oneDNN's on the 2-core development
         CPU. Their outputs are float32 (the accumulators, never rounded to bf16), and the blocks' norms
         before them run through the kernel too (each ~2 us against ~25 for torch's ops). All layers or
         none: returns whether it took them."""
