@@ -40,8 +40,9 @@ ROW_STABLE_IN_FEATURES = 768
 FEW_ROWS = 8
 
 
-class PackedLinear(nn.Module):
-    """`nn.Linear` for inference, its weight kept as is (for state_dict) and packed for oneDNN."""
+class InferenceLinear(nn.Module):
+    """What an inference layer keeps of the `nn.Linear` it replaces: its shape, and its weight and bias as
+    they are (state_dict; the LM head's rows a draft head reads)."""
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
@@ -49,6 +50,13 @@ class PackedLinear(nn.Module):
         self.out_features = linear.out_features
         self.weight = linear.weight
         self.bias = linear.bias
+
+
+class PackedLinear(InferenceLinear):
+    """`nn.Linear` for inference, its weight kept as is (for state_dict) and packed for oneDNN."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__(linear)
         w = linear.weight.detach()
         chunks = -(-self.in_features // ROW_STABLE_IN_FEATURES)
         self.bounds = [(i * self.in_features // chunks, (i + 1) * self.in_features // chunks) for i in range(chunks)]
@@ -82,18 +90,14 @@ class PackedLinear(nn.Module):
         return out.contiguous().view(*x.shape[:-1], self.out_features)
 
 
-class ExactLinear(nn.Module):
+class ExactLinear(InferenceLinear):
     """`nn.Linear` for a bf16 model's inference through decoding/kernels' exact linear layers: every row the
     same bits in any pass (no split reductions needed), float32 out, bf16 or float32 in (rounded to bf16
     once, as a cast would). On the 2-core development CPU a decode step's linears run ~1.8x faster than
     through oneDNN (decoding/kernels/exact_linear.c)."""
 
     def __init__(self, linear: nn.Linear) -> None:
-        super().__init__()
-        self.in_features = linear.in_features
-        self.out_features = linear.out_features
-        self.weight = linear.weight
-        self.bias = linear.bias
+        super().__init__(linear)
         self.packed = kernels.pack_linear_weight(linear.weight)  # (groups * 32 * in,) bf16
         self._bias = None if linear.bias is None else linear.bias.detach().float().contiguous()  # (out,)
 
