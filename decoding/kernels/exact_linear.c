@@ -121,6 +121,7 @@ int exact_linear(const void *x, int x_f32, long t, const uint16_t *packed, long 
                  float *y, int threads) {
   const uint16_t *xb = (const uint16_t *)x;
   uint16_t *rounded = NULL;
+  if (t <= 0) return 0;
   if (x_f32) {
     rounded = malloc((size_t)(t * k) * sizeof *rounded);
     if (!rounded) return 1;

@@ -64,6 +64,7 @@ def test_float32_input_is_rounded_as_a_cast_rounds_it() -> None:
     halfway = torch.tensor([1.0 + 2.0**-8, 1.0 + 3 * 2.0**-8, -(2.0 + 2.0**-7), 1.0 + 2.0**-8 + 2.0**-20])
     x[0, :4] = halfway
     assert torch.equal(exact(x), exact(x.to(torch.bfloat16)))
+    assert exact(x[:0]).shape == exact(x[:0].to(torch.bfloat16)).shape == (0, 64)  # an empty pass is no error
     assert not torch.equal(exact(x), exact(x.to(torch.bfloat16).float() + 2.0**-12))  # rounding matters here
 
 
