@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from decoding import kernels
-from decoding.packing import can_run_exact, pack_linears
+from decoding.packing import ExactLinear, can_run_exact, pack_linears
 from decoding.tree import TokenTree
 
 # bf16 logits within this distance of a row's maximum are recomputed in float32 (see refine_top_logits)
@@ -222,12 +222,21 @@ class Block(nn.Module):
         self.attention = Attention(args)
         self.ffn_norm = RMSNorm(args.dim, args.norm_eps)
         self.feed_forward = FeedForward(args)
+        # with exact linear layers (take_exact_linears): the whole layer in one kernel call, where it also
+        # attends through the exact kernel
+        self.exact_weights: kernels.LayerWeights | None = None
 
     def forward(
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, start: int, mask: torch.Tensor | None
     ) -> torch.Tensor:
         # x: (1, T, D) residual stream in float32; the matmuls run in the weights' dtype
         # (bf16 sublayer outputs are promoted exactly by the additions)
+        cache = self.attention.kv_cache
+        if self.exact_weights is not None and self.attention.exact_kernel and cache is not None:
+            prompt = mask is None and x.shape[1] > 1  # a prompt's own pass, from position 0: causal
+            assert not prompt or start == 0, "a multi-token pass past position 0 needs its mask"
+            return kernels.exact_layer(x, self.exact_weights, cos, sin, cache.k_storage, cache.v, start, mask,
+                                       causal=prompt)
         h = x + self.attention(self.attention_norm(x), cos, sin, start, mask)
         return h + self.feed_forward(self.ffn_norm(h))
 
@@ -238,9 +247,25 @@ def take_exact_linears(module: nn.Module, blocks: list[Block]) -> bool:
     if not all(can_run_exact(m) for m in module.modules() if isinstance(m, nn.Linear)):
         return False
     pack_linears(module, exact=True)
+    scratch = kernels.Scratch()
     for block in blocks:
         block.attention_norm.exact = block.ffn_norm.exact = True
+        block.exact_weights = layer_weights(block, scratch)
     return True
+
+
+def layer_weights(block: Block, scratch: kernels.Scratch) -> kernels.LayerWeights:
+    """A block's exact linear layers and norms as one `kernels.exact_layer` call reads them."""
+    attention, ffn = block.attention, block.feed_forward
+    wqkv, wo, w13, w2 = attention.wqkv, attention.wo, ffn.w13, ffn.w2
+    assert isinstance(wqkv, ExactLinear) and isinstance(wo, ExactLinear)
+    assert isinstance(w13, ExactLinear) and isinstance(w2, ExactLinear)
+    return kernels.LayerWeights(
+        norm1=block.attention_norm.weight.detach().float().contiguous(),
+        norm2=block.ffn_norm.weight.detach().float().contiguous(), eps=block.attention_norm.eps,
+        wqkv=wqkv.packed, qkv_width=wqkv.out_features, qkv_bias=wqkv.exact_bias, wo=wo.packed, w13=w13.packed,
+        intermediate=ffn.intermediate_size, w2=w2.packed, n_heads=attention.n_heads,
+        n_kv_heads=attention.n_kv_heads, head_dim=attention.head_dim, scratch=scratch)
 
 
 class Transformer(nn.Module):

@@ -99,11 +99,11 @@ class ExactLinear(InferenceLinear):
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__(linear)
         self.packed = kernels.pack_linear_weight(linear.weight)  # (groups * 32 * in,) bf16
-        self._bias = None if linear.bias is None else linear.bias.detach().float().contiguous()  # (out,)
+        self.exact_bias = None if linear.bias is None else linear.bias.detach().float().contiguous()  # (out,)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x: (..., in) bf16 or float32 -> (..., out) float32
-        return kernels.exact_linear(x, self.packed, self.out_features, self._bias)
+        return kernels.exact_linear(x, self.packed, self.out_features, self.exact_bias)
 
 
 def can_run_exact(linear: nn.Linear) -> bool:

@@ -32,6 +32,7 @@ import os
 import platform
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
@@ -41,9 +42,10 @@ from decoding.tokenizer import cache_root
 
 log = logging.getLogger(__name__)
 
-# one library: exact attention, and exact bf16 linear layers with the RMSNorm before them (exact_linear.c,
-# where the CPU has AVX512-BF16; exact_norm.c)
-SOURCES = tuple(Path(__file__).with_name(name) for name in ("exact_attention.c", "exact_linear.c", "exact_norm.c"))
+# one library: exact attention, and exact bf16 linear layers (exact_linear.c, where the CPU has AVX512-BF16)
+# with the RMSNorm before them and the SwiGLU product between them, a whole layer in one call (exact_layer.c)
+SOURCES = tuple(Path(__file__).with_name(name) for name in
+                ("exact_attention.c", "exact_linear.c", "exact_norm.c", "exact_silu.c", "exact_layer.c"))
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 MAX_HEAD_DIM = 256  # MAX_HD in the source
 
@@ -113,6 +115,12 @@ def _library() -> ctypes.CDLL | None:
     lib.exact_linear.restype = ctypes.c_int
     lib.exact_rms_norm.argtypes = [p, n, n, p, f, p, i]
     lib.exact_rms_norm.restype = None
+    lib.exact_silu_mul.argtypes = [p, n, n, p, i]
+    lib.exact_silu_mul.restype = None
+    lib.exact_layer.argtypes = [p, i, n, f, p, p, p, n, p, p, p, n, p, i, i, i, f, p, p, p, n, n, p, n, i, p, i, p, i]
+    lib.exact_layer.restype = ctypes.c_int
+    lib.exact_layer_scratch.argtypes = [i, n, n, n, n]
+    lib.exact_layer_scratch.restype = n
     log.info("exact float32 attention: %s (exact linear layers: %s)", lib._name,
              "yes" if lib.exact_linear_available() else "no, the CPU lacks AVX512-BF16")
     return lib
@@ -254,4 +262,83 @@ def exact_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.T
     d = x.shape[-1]
     out = torch.empty(x.shape, dtype=torch.bfloat16)
     lib.exact_rms_norm(x.data_ptr(), x.numel() // d, d, weight.data_ptr(), eps, out.data_ptr(), torch.get_num_threads())
+    return out
+
+
+def exact_silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
+    """The SwiGLU product silu(gate) * up of w13's output gate_up (..., 2I) float32 (gate, then up) ->
+    (..., I) bf16, w2's input; each row the same bits in any pass (exact_silu.c)."""
+    lib = _library()
+    assert lib is not None, "exact_silu_mul needs the kernel: check available()"
+    assert gate_up.dtype == torch.float32 and gate_up.shape[-1] % 2 == 0
+    gate_up = gate_up.contiguous()
+    inter = gate_up.shape[-1] // 2
+    out = torch.empty(*gate_up.shape[:-1], inter, dtype=torch.bfloat16)
+    lib.exact_silu_mul(gate_up.data_ptr(), gate_up.numel() // (2 * inter), inter, out.data_ptr(),
+                       torch.get_num_threads())
+    return out
+
+
+class Scratch:
+    """One growing buffer that a model's layers share for `exact_layer`'s intermediates (they run one
+    after another): a long prompt's ~70 MB allocated anew each layer paid its page faults every time."""
+
+    def __init__(self) -> None:
+        self.buffer = torch.empty(0, dtype=torch.uint8)
+
+    def at_least(self, nbytes: int) -> int:
+        """The address of at least `nbytes`, 64-byte aligned."""
+        if self.buffer.numel() < nbytes + 64:
+            self.buffer = torch.empty(nbytes + 64, dtype=torch.uint8)
+        address = self.buffer.data_ptr()
+        return address + (-address % 64)
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    """One decoder layer's weights as `exact_layer` reads them: the norms' weights (D,) float32, the
+    projections packed by `pack_linear_weight` (q/k/v's bias (nqkv,) float32 or None)."""
+
+    norm1: torch.Tensor
+    norm2: torch.Tensor
+    eps: float
+    wqkv: torch.Tensor
+    qkv_width: int
+    qkv_bias: torch.Tensor | None
+    wo: torch.Tensor
+    w13: torch.Tensor
+    intermediate: int
+    w2: torch.Tensor
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    scratch: Scratch  # shared by the model's layers
+
+
+def exact_layer(x: torch.Tensor, w: LayerWeights, cos: torch.Tensor, sin: torch.Tensor, keys: torch.Tensor,
+                values: torch.Tensor, start: int, mask: torch.Tensor | None = None,
+                causal: bool = False) -> torch.Tensor:
+    """A whole decoder layer in one call (exact_layer.c): x (1, T, D) float32, the residual stream, ->
+    the next layer's (1, T, D); the cache as `attend_step` takes it, written at [start, start + T). The
+    same operations as the model's layer through `exact_rms_norm`, `exact_linear`, `attend_step` and
+    `exact_silu_mul`, one C call instead of ~12 from Python."""
+    lib = _library()
+    assert lib is not None, "exact_layer needs the kernel: check available()"
+    _, t, d = x.shape
+    hd = w.head_dim
+    end = start + t
+    assert x.dtype == torch.float32 and cos.dtype == sin.dtype == torch.float32 and cos.shape == sin.shape == (t, hd)
+    assert cos.is_contiguous() and sin.is_contiguous() and keys.is_contiguous() and values.is_contiguous()
+    assert keys.dtype == values.dtype == torch.float32 and end <= keys.shape[3] and end <= values.shape[2]
+    out = x.contiguous().clone()  # (1, T, D) updated in place by the kernel
+    mask = None if mask is None else mask.contiguous()
+    f = ctypes.c_float
+    scratch = w.scratch.at_least(lib.exact_layer_scratch(t, d, w.qkv_width, w.n_heads * hd, w.intermediate))
+    status = lib.exact_layer(
+        out.data_ptr(), t, d, f(w.eps), w.norm1.data_ptr(), w.norm2.data_ptr(), w.wqkv.data_ptr(), w.qkv_width,
+        None if w.qkv_bias is None else w.qkv_bias.data_ptr(), w.wo.data_ptr(), w.w13.data_ptr(), w.intermediate,
+        w.w2.data_ptr(), w.n_heads, w.n_kv_heads, hd, f(hd**-0.5), cos.data_ptr(), sin.data_ptr(), keys.data_ptr(),
+        keys.stride(1), keys.stride(2), values.data_ptr(), values.stride(1), start, _mask_bytes(mask, t, end),
+        int(causal), scratch, torch.get_num_threads())
+    _check(status)
     return out

@@ -8,6 +8,7 @@ import torch
 
 from decoding import kernels
 from decoding.packing import ExactLinear
+from tests.conftest import TinyFactory
 
 pytestmark = pytest.mark.skipif(not kernels.linear_available(), reason="needs the kernel and AVX512-BF16")
 
@@ -95,3 +96,52 @@ def test_the_norm_before_them_is_rmsnorm_and_the_same_bits_in_any_pass(threads: 
     want = torch.nn.functional.rms_norm(x, (576,), weight, 1e-5)  # (T, D) float32
     assert bool(((whole.float() - want).abs() <= 2.0**-8 * want.abs() + 1e-30).all())
     assert (whole == want.to(torch.bfloat16)).float().mean() > 0.99  # nearly always the same bf16 value
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_swiglu_product_between_them_is_silu_times_up_and_the_same_bits_in_any_pass(threads: int) -> None:
+    g = torch.Generator().manual_seed(5)
+    inter = 37  # not a multiple of the kernel's 16 lanes: the last vector of a row is partial
+    gate_up = torch.randn(70, 2 * inter, generator=g) * 4  # (T, 2I) float32: gate, then up
+    gate_up[0, :3] = torch.tensor([-100.0, 100.0, 0.0])  # past exp's range both ways, and zero
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        whole = kernels.exact_silu_mul(gate_up)  # (T, I) bf16
+        assert whole.dtype == torch.bfloat16 and whole.shape == (70, inter)
+        for t in (1, 3, 64, 65):  # the kernel splits rows across threads from 64 rows
+            assert torch.equal(kernels.exact_silu_mul(gate_up[:t]), whole[:t])
+        assert torch.equal(kernels.exact_silu_mul(gate_up[9:12]), whole[9:12])
+    finally:
+        torch.set_num_threads(before)
+    gate, up = gate_up.double().split(inter, dim=-1)
+    want = torch.nn.functional.silu(gate) * up  # (T, I) float64
+    # within one bf16 rounding (2^-8 relative) of the exact product, plus the float32 steps (~2^-20)
+    assert bool(((whole.double() - want).abs() <= (2.0**-8 + 2.0**-20) * want.abs() + 1e-30).all())
+
+
+@pytest.mark.parametrize("kind", ["prompt", "step", "verify"])
+def test_a_layer_in_one_call_gives_the_bits_of_its_kernels_called_one_by_one(
+        tiny_model: TinyFactory, kind: str) -> None:
+    model = tiny_model(vocab_size=50, dtype=torch.bfloat16, seed=8).model
+    assert model.use_exact_linears()
+    model.setup_cache(32)
+    model(torch.tensor([0, 5, 9, 3, 3, 41]), 0)  # slots 0..5
+    block = model.blocks[1]
+    w, attention, cache = block.exact_weights, block.attention, block.attention.kv_cache
+    assert w is not None and cache is not None and attention.exact_kernel
+    t, start = {"prompt": (6, 0), "step": (1, 6), "verify": (4, 6)}[kind]
+    causal = torch.arange(start + t).unsqueeze(0) <= torch.arange(start, start + t).unsqueeze(1)  # (T, start + T)
+    mask = causal if kind == "verify" else None
+    x = torch.randn(1, t, model.args.dim, generator=torch.Generator().manual_seed(t))  # (1, T, D) residual stream
+    cos, sin = model.rope_cos[start : start + t], model.rope_sin[start : start + t]
+    keys, values = cache.k_storage.clone(), cache.v.clone()
+    # one call at a time, in the order exact_layer.c makes them
+    h = x + attention.wo(kernels.attend_step(attention.wqkv(kernels.exact_rms_norm(x, w.norm1, w.eps)),
+                                             w.n_heads, w.n_kv_heads, cos, sin, keys, values, start, mask,
+                                             causal=kind == "prompt"))
+    ffn = block.feed_forward
+    want = h + ffn.w2(kernels.exact_silu_mul(ffn.w13(kernels.exact_rms_norm(h, w.norm2, w.eps))))
+    got = kernels.exact_layer(x, w, cos, sin, cache.k_storage, cache.v, start, mask, causal=kind == "prompt")
+    assert torch.equal(got, want)
+    assert torch.equal(cache.k_storage, keys) and torch.equal(cache.v, values)  # the same cache written
