@@ -1,7 +1,8 @@
 """Exact kernels for a bf16 model's passes, built once per machine: float32 attention
-(exact_attention.c), and on CPUs with AVX512-BF16 the linear layers and the RMSNorm before them
-(exact_linear.c, exact_norm.c). Each computes every row by one fixed sequence of float operations
-whatever the pass; the attention is described here, the others in their sources.
+(exact_attention.c), and on CPUs with AVX512-BF16 the linear layers, the RMSNorm before them and the
+SwiGLU product between them (exact_linear.c, exact_norm.c, exact_silu.c), a whole decoder layer in one
+call (exact_layer.c). Each computes every row by one fixed sequence of float operations whatever the
+pass; the attention is described here, the others in their sources.
 
 Speculation is exact only if a verify pass gives every row the bits of the single step it stands for.
 torch's float32 attention kernel blocks its work by the pass's shape, so rows differ in their last bits
