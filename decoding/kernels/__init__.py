@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 # with the RMSNorm before them and the SwiGLU product between them, a whole layer in one call (exact_layer.c)
 SOURCES = tuple(Path(__file__).with_name(name) for name in
                 ("exact_attention.c", "exact_linear.c", "exact_norm.c", "exact_silu.c", "exact_layer.c"))
+HEADER = Path(__file__).with_name("exact_vec.h")  # their shared vector code
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC")
 MAX_HEAD_DIM = 256  # MAX_HD in the source
 
@@ -63,7 +64,7 @@ def _cpu_features() -> str:
 
 def _build(compiler: str, flags: tuple[str, ...]) -> Path:
     key = hashlib.sha256(
-        "\n".join([*(source.read_text() for source in SOURCES), compiler, *flags, platform.machine(),
+        "\n".join([*(source.read_text() for source in (*SOURCES, HEADER)), compiler, *flags, platform.machine(),
                    _cpu_features()]).encode()
     ).hexdigest()[:16]
     target = cache_root() / "kernels" / f"exact-{key}.so"

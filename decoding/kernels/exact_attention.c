@@ -23,18 +23,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define VL 16     /* lanes: 16 keys when scoring, 16 head dimensions when summing values */
+#include "exact_vec.h" /* VL lanes: 16 keys when scoring, 16 head dimensions when summing values */
+
 #define RB 16     /* query rows per task */
 #define RS 4      /* rows scored and summed together: one key load feeds RS multiply-adds */
 #define KT 4      /* key vectors per scoring tile: 64 keys by the head dimension, in L1 across row groups */
 #define DV 4      /* value vectors (64 head dimensions) accumulated at once, per row */
 #define MAX_HD 256
 
-typedef float vf __attribute__((vector_size(VL * 4)));
-typedef int32_t vi __attribute__((vector_size(VL * 4)));
-
-static inline vf splat(float x) { return (vf){0} + x; }
-static inline vf pick(vi m, vf a, vf b) { return (vf)(((vi)a & m) | ((vi)b & ~m)); }
 static inline vf load(const float* p) { vf x; memcpy(&x, p, sizeof x); return x; }
 static inline void store(float* p, vf x) { memcpy(p, &x, sizeof x); }
 static inline vf load_part(const float* p, int w) { /* w < VL floats, zeros after */
@@ -45,19 +41,7 @@ static inline vf load_part(const float* p, int w) { /* w < VL floats, zeros afte
 
 static inline vf exp_clamped(vf x) {
     /* exp(max(x, -87)) for x <= 0 */
-    x = pick(x < splat(-87.0f), splat(-87.0f), x);
-    vf n = (x * splat(1.44269504088896341f) + splat(12582912.0f)) - splat(12582912.0f); /* round(x / ln 2) */
-    vf r = x - n * splat(0.693145751953125f);
-    r = r - n * splat(1.428606765330187045e-06f);
-    vf p = splat(1.0f / 720.0f);
-    p = p * r + splat(1.0f / 120.0f);
-    p = p * r + splat(1.0f / 24.0f);
-    p = p * r + splat(1.0f / 6.0f);
-    p = p * r + splat(0.5f);
-    p = p * r + splat(1.0f);
-    p = p * r + splat(1.0f);
-    vi e = (__builtin_convertvector(n, vi) + 127) << 23; /* 2^n */
-    return p * (vf)e;
+    return exp_reduced(pick(x < splat(-87.0f), splat(-87.0f), x));
 }
 
 /* Scores of `rr` rows (queries at qs, hd apart) for `nk` vectors of keys from key j: key j's dimension d at

@@ -3,35 +3,19 @@
  * a vector (a row's last partial vector padded, never computed another way), so every pass gives a row
  * the same bits. Part of one layer's call (exact_layer.c).
  *
- * silu(g) = g / (1 + exp(-g)), exp by range reduction (n = round(x / ln 2), r = x - n ln 2 in two parts)
- * and a degree-6 Taylor polynomial times 2^n, x clamped to [-87, 88]; ~2 ulp. Not torch's bits: its own.
+ * silu(g) = g / (1 + exp(-g)), exp as the attention's (exact_vec.h), its input clamped to [-87, 88].
+ * Not torch's bits: its own.
  */
 #include <stdint.h>
 #include <string.h>
 
-#define VL 16
-typedef float vf __attribute__((vector_size(VL * 4)));
-typedef int32_t vi __attribute__((vector_size(VL * 4)));
+#include "exact_vec.h"
+
 typedef uint32_t vu __attribute__((vector_size(VL * 4)));
 
-static inline vf splat(float x) { return (vf){0} + x; }
-static inline vf pick(vi m, vf a, vf b) { return (vf)(((vi)a & m) | ((vi)b & ~m)); }
-
-static inline vf exp_of(vf x) {
+static inline vf exp_of(vf x) { /* x clamped to [-87, 88] */
   x = pick(x < splat(-87.0f), splat(-87.0f), x);
-  x = pick(x > splat(88.0f), splat(88.0f), x);
-  vf n = (x * splat(1.44269504088896341f) + splat(12582912.0f)) - splat(12582912.0f); /* round(x / ln 2) */
-  vf r = x - n * splat(0.693145751953125f);
-  r = r - n * splat(1.428606765330187045e-06f);
-  vf p = splat(1.0f / 720.0f);
-  p = p * r + splat(1.0f / 120.0f);
-  p = p * r + splat(1.0f / 24.0f);
-  p = p * r + splat(1.0f / 6.0f);
-  p = p * r + splat(0.5f);
-  p = p * r + splat(1.0f);
-  p = p * r + splat(1.0f);
-  vi e = (__builtin_convertvector(n, vi) + 127) << 23; /* 2^n */
-  return p * (vf)e;
+  return exp_reduced(pick(x > splat(88.0f), splat(88.0f), x));
 }
 
 /* float32 lanes -> bf16, to nearest even (NaN stays NaN), in the low 16 bits of each lane */
