@@ -162,8 +162,8 @@ class DraftHead(nn.Module):
         runs (the default engine 198 -> 207 tok/s decoding side by side, decoding/drafts/README.md), else
         oneDNN's."""
         self.to(dtype).eval().requires_grad_(False)
-        if dtype == torch.bfloat16:
-            take_exact_linears(self, self.blocks)
+        if dtype == torch.bfloat16:  # layer by layer: the head attends through torch, not the exact kernel
+            take_exact_linears(self, self.blocks, one_call=False)
         pack_linears(self)
         return self
 

@@ -148,6 +148,14 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
     return x * cos + rotated * sin
 
 
+def is_prompt_pass(t: int, start: int, mask: torch.Tensor | None) -> bool:
+    """Whether a pass of `t` tokens at `start` is a prompt's own pass: several tokens without a mask, from
+    position 0, attended causally (any later multi-token pass must bring its mask)."""
+    prompt = mask is None and t > 1
+    assert not prompt or start == 0, "a multi-token pass past position 0 needs its mask"
+    return prompt
+
+
 class Attention(nn.Module):
     def __init__(self, args: ModelArgs) -> None:
         super().__init__()
@@ -170,8 +178,7 @@ class Attention(nn.Module):
         nh, nkv, hd = self.n_heads, self.n_kv_heads, self.head_dim
         assert self.kv_cache is not None, "call setup_cache() before forward()"
         adt = cos.dtype  # attention dtype (see Transformer.attention_dtype)
-        prompt = mask is None and t > 1  # a prompt's own pass, from position 0: causal
-        assert not prompt or start == 0, "a multi-token pass past position 0 needs its mask"
+        prompt = is_prompt_pass(t, start, mask)
         if self.exact_kernel:
             # every row the bits of the single step it stands for, in float32 (decoding/kernels); a
             # prompt's own pass too (causal), so a prompt read in one pass or in several fills the cache
@@ -233,24 +240,24 @@ class Block(nn.Module):
         # (bf16 sublayer outputs are promoted exactly by the additions)
         cache = self.attention.kv_cache
         if self.exact_weights is not None and self.attention.exact_kernel and cache is not None:
-            prompt = mask is None and x.shape[1] > 1  # a prompt's own pass, from position 0: causal
-            assert not prompt or start == 0, "a multi-token pass past position 0 needs its mask"
             return kernels.exact_layer(x, self.exact_weights, cos, sin, cache.k_storage, cache.v, start, mask,
-                                       causal=prompt)
+                                       causal=is_prompt_pass(x.shape[1], start, mask))
         h = x + self.attention(self.attention_norm(x), cos, sin, start, mask)
         return h + self.feed_forward(self.ffn_norm(h))
 
 
-def take_exact_linears(module: nn.Module, blocks: list[Block]) -> bool:
+def take_exact_linears(module: nn.Module, blocks: list[Block], one_call: bool = True) -> bool:
     """Every `nn.Linear` under `module` an `ExactLinear`, and the RMSNorms of its `blocks` through the
-    kernel too, if every layer can run it here (else none: returns False)."""
+    kernel too, if every layer can run it here (else none: returns False). With `one_call`, each block
+    runs as one `kernels.exact_layer` call wherever it attends through the exact kernel."""
     if not all(can_run_exact(m) for m in module.modules() if isinstance(m, nn.Linear)):
         return False
     pack_linears(module, exact=True)
     scratch = kernels.Scratch()
     for block in blocks:
         block.attention_norm.exact = block.ffn_norm.exact = True
-        block.exact_weights = layer_weights(block, scratch)
+        if one_call:
+            block.exact_weights = layer_weights(block, scratch)
     return True
 
 
@@ -261,8 +268,8 @@ def layer_weights(block: Block, scratch: kernels.Scratch) -> kernels.LayerWeight
     assert isinstance(wqkv, ExactLinear) and isinstance(wo, ExactLinear)
     assert isinstance(w13, ExactLinear) and isinstance(w2, ExactLinear)
     return kernels.LayerWeights(
-        norm1=block.attention_norm.weight.detach().float().contiguous(),
-        norm2=block.ffn_norm.weight.detach().float().contiguous(), eps=block.attention_norm.eps,
+        norm1=block.attention_norm.weight_as(torch.float32), norm2=block.ffn_norm.weight_as(torch.float32),
+        eps=block.attention_norm.eps,
         wqkv=wqkv.packed, qkv_width=wqkv.out_features, qkv_bias=wqkv.exact_bias, wo=wo.packed, w13=w13.packed,
         intermediate=ffn.intermediate_size, w2=w2.packed, n_heads=attention.n_heads,
         n_kv_heads=attention.n_kv_heads, head_dim=attention.head_dim, scratch=scratch)

@@ -241,7 +241,7 @@ def exact_linear(x: torch.Tensor, packed: torch.Tensor, out_features: int,
     assert lib is not None, "exact_linear needs the kernel: check linear_available()"
     k = x.shape[-1]
     assert x.dtype in (torch.bfloat16, torch.float32), f"exact linear input {x.dtype}"
-    assert packed.numel() == -(-out_features // 32) * 32 * k, "packed for another shape"  # groups of 32 outputs
+    assert packed.numel() == lib.exact_linear_packed_size(out_features, k), "packed for another shape"
     assert bias is None or (bias.dtype == torch.float32 and bias.is_contiguous())
     if not x.is_contiguous():
         x = x.contiguous()

@@ -15,25 +15,25 @@
 #include <stdint.h>
 #include <string.h>
 
-#define NL 16
-
-static inline uint16_t to_bf16(float f) { /* to nearest even; NaN stays NaN */
-  uint32_t u;
-  memcpy(&u, &f, sizeof u);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
-  return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-}
+#include "exact_vec.h"
 
 static void norm_row(const float *x, long d, const float *w, float eps, uint16_t *y) {
-  float lane[NL] = {0};
+  float lane[VL] = {0};
   long j = 0;
-  for (; j + NL <= d; j += NL)
-    for (int l = 0; l < NL; l++) lane[l] += x[j + l] * x[j + l];
+  for (; j + VL <= d; j += VL)
+    for (int l = 0; l < VL; l++) lane[l] += x[j + l] * x[j + l];
   for (int l = 0; j + l < d; l++) lane[l] += x[j + l] * x[j + l];
-  for (int width = NL / 2; width > 0; width /= 2)
+  for (int width = VL / 2; width > 0; width /= 2)
     for (int l = 0; l < width; l++) lane[l] += lane[l + width];
   float r = 1.0f / sqrtf(lane[0] / (float)d + eps);
-  for (long i = 0; i < d; i++) y[i] = to_bf16((x[i] * r) * w[i]);
+  for (long i = 0; i < d; i += VL) { /* (x * r) * w, rounded; a row's last partial vector padded */
+    long n = d - i < VL ? d - i : VL;
+    vf xv = {0}, wv = {0};
+    memcpy(&xv, x + i, (size_t)n * 4);
+    memcpy(&wv, w + i, (size_t)n * 4);
+    vu h = to_bf16((xv * splat(r)) * wv);
+    for (long k = 0; k < n; k++) y[i + k] = (uint16_t)h[k];
+  }
 }
 
 /* x (T, D) float32 rows, w (D,) float32 -> y (T, D) bf16 */

@@ -11,20 +11,9 @@
 
 #include "exact_vec.h"
 
-typedef uint32_t vu __attribute__((vector_size(VL * 4)));
-
 static inline vf exp_of(vf x) { /* x clamped to [-87, 88] */
   x = pick(x < splat(-87.0f), splat(-87.0f), x);
   return exp_reduced(pick(x > splat(88.0f), splat(88.0f), x));
-}
-
-/* float32 lanes -> bf16, to nearest even (NaN stays NaN), in the low 16 bits of each lane */
-static inline vu to_bf16(vf f) {
-  vu u = (vu)f;
-  vu rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
-  vu nan = (u >> 16) | 0x40u;
-  vi is_nan = (vi)((u & 0x7fffffffu) > 0x7f800000u);
-  return (vu)(((vi)nan & is_nan) | ((vi)rounded & ~is_nan));
 }
 
 static void row(const float *gu, long inter, uint16_t *y) {

@@ -1,4 +1,5 @@
-/* What the exact kernels' vector code shares: 16 float32 lanes (GCC vector extensions), and exp.
+/* What the exact kernels' vector code shares: 16 float32 lanes (GCC vector extensions), exp, and the
+ * rounding to bf16.
  *
  * exp_reduced is exp(x) for x in [-87, 88] (callers clamp): n = round(x / ln 2), r = x - n ln 2 in two
  * parts, a degree-6 Taylor polynomial in r, times 2^n; ~2 ulp, and the same operations in every lane and
@@ -28,5 +29,16 @@ static inline vf exp_reduced(vf x) {
     p = p * r + splat(1.0f);
     vi e = (__builtin_convertvector(n, vi) + 127) << 23; /* 2^n */
     return p * (vf)e;
+}
+
+typedef uint32_t vu __attribute__((vector_size(VL * 4)));
+
+/* float32 lanes -> bf16, to nearest even (NaN stays NaN), in the low 16 bits of each lane */
+static inline vu to_bf16(vf f) {
+    vu u = (vu)f;
+    vu rounded = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+    vu nan = (u >> 16) | 0x40u;
+    vi is_nan = (vi)((u & 0x7fffffffu) > 0x7f800000u);
+    return (vu)(((vi)nan & is_nan) | ((vi)rounded & ~is_nan));
 }
 #endif
