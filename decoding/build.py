@@ -79,7 +79,7 @@ def draft_drafter(draft: Draft, target: LoadedModel, max_draft_tokens: int, tree
 
 
 def build_drafter(names: list[str], target: LoadedModel, draft: Draft | None, max_draft_tokens: int,
-                  tree: TreeShape | None = None) -> Drafter | None:
+                  tree: TreeShape | None = None, sampled_draft: bool = False) -> Drafter | None:
     """Drafters in the order given; "draft" needs a draft (a model with the target's tokenizer, or a draft
     head trained for the target); "grammar" proposes the tokens a grammar forces (nothing without one).
 
@@ -88,7 +88,9 @@ def build_drafter(names: list[str], target: LoadedModel, draft: Draft | None, ma
     `[grammar, ngram, draft]` proposes the forced tokens and an n-gram match after them, and where there
     is neither, the draft's chain. A model drafter never continues after other drafters' tokens: it
     would pay one step per token to catch up, and drafts far better once the target has verified them
-    (measured: `draftgate bench`, constrained)."""
+    (measured: `draftgate bench`, constrained). Behind another drafter, the draft proposes for sampled
+    requests (temperature > 0) only with `sampled_draft` (drafters/fallback.py); a lone draft always
+    does."""
     check_drafter_names(names)
     forced: Drafter | None = None
     drafters: list[Drafter] = []
@@ -109,7 +111,7 @@ def build_drafter(names: list[str], target: LoadedModel, draft: Draft | None, ma
             drafters.insert(0, forced)
     if not drafters:
         return None
-    return drafters[0] if len(drafters) == 1 else FallbackDrafter(drafters)
+    return drafters[0] if len(drafters) == 1 else FallbackDrafter(drafters, sampled_models=sampled_draft)
 
 
 def build_engine(
@@ -122,11 +124,13 @@ def build_engine(
     draft_tree: bool = True,
     fit: bool = True,
     sampled_tree: bool = False,
+    sampled_draft: bool = False,
 ) -> Engine:
     """`drafters` None: n-gram, plus the draft when there is one (given, or shipped for the target);
     `with_grammar` puts the grammar-forced drafter first (for constrained requests); `draft_tree`: a
-    draft head drafts a tree per pass (TreeShape's default), else a chain; `sampled_tree`: under sampling
-    too (drawn from q), else the chain there. `max_draft_tokens` is a
+    draft head drafts a tree per pass (TreeShape's default), else a chain; `sampled_draft`: the draft
+    drafts sampled requests too, behind n-gram lookup (else n-gram lookup alone drafts them);
+    `sampled_tree` (implies `sampled_draft`): a tree drawn from q there, else the chain. `max_draft_tokens` is a
     bound: with `fit`, n-gram lookup and the draft propose fewer a pass where this machine's bigger
     passes cost more than they are expected to earn (fit_to_machine)."""
     target_model = load_model(target, dtype)
@@ -137,7 +141,8 @@ def build_engine(
     if with_grammar and "grammar" not in drafters:
         drafters = ("grammar", *drafters)
     tree = TreeShape(sampled=sampled_tree) if draft_tree else None
-    drafter = build_drafter(list(drafters), target_model, draft_model, max_draft_tokens, tree)
+    drafter = build_drafter(list(drafters), target_model, draft_model, max_draft_tokens, tree,
+                            sampled_draft=sampled_draft or sampled_tree)
     if fit and drafter is not None:
         fit_to_machine(target_model, drafter)
     return Engine(target_model, drafter, max_draft_tokens=max_draft_tokens)

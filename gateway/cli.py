@@ -71,7 +71,8 @@ def _generate(args: argparse.Namespace) -> int:
                                f"({names})") from exc
     structured = bool(tools or args.json_schema or args.json_object)
     engine = build_engine(args.model, drafters, args.draft, args.dtype, args.max_draft_tokens, with_grammar=structured,
-                          draft_tree=not args.draft_chain, fit=not args.no_fit, sampled_tree=args.sampled_tree)
+                          draft_tree=not args.draft_chain, fit=not args.no_fit, sampled_tree=args.sampled_tree,
+                          sampled_draft=args.sampled_draft)
     config = GenerationConfig(
         max_new_tokens=args.max_tokens,
         sampling=sampling,
@@ -297,9 +298,12 @@ def build_parser() -> argparse.ArgumentParser:
                      help="draft --max-draft-tokens a pass without measuring what passes cost here")
     gen.add_argument("--draft-chain", action="store_true",
                      help="a draft head drafts one chain per pass instead of a tree of alternatives")
+    gen.add_argument("--sampled-draft", action="store_true",
+                     help="at --temperature > 0, the draft drafts too, behind n-gram lookup "
+                          "(default: n-gram lookup alone there, which measured faster)")
     gen.add_argument("--sampled-tree", action="store_true",
                      help="at --temperature > 0 too, a tree drawn from the head's distribution "
-                          "(default: a chain there)")
+                          "(implies --sampled-draft; default: a chain there)")
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--top-k", type=int, default=0)
     gen.add_argument("--top-p", type=float, default=1.0)

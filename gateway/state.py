@@ -22,6 +22,7 @@ def local_model(name: str, route: LocalRoute, policy: Policy) -> LocalModel:
     engine = build_engine(route.target, tuple(route.drafters), route.draft, route.dtype,
                           route.speculative.max_draft_tokens, draft_tree=route.speculative.draft_tree,
                           sampled_tree=route.speculative.sampled_tree,
+                          sampled_draft=route.speculative.sampled_draft,
                           fit=route.speculative.fit_to_machine)
     c = route.constraints
     options = ConstraintOptions(backend=c.backend, allow_validate_after=c.allow_validate_after, bounds=c.bounds,

@@ -38,7 +38,9 @@ class Speculative:
     enabled: bool = True
     max_draft_tokens: int = 8  # a bound: fit_to_machine drafts fewer where bigger passes do not pay here
     draft_tree: bool = True  # a draft head drafts a tree of alternatives per pass, else one chain
-    sampled_tree: bool = False  # with draft_tree, under sampling too (drawn from q), else the chain there
+    # the draft also drafts sampled requests (temperature > 0), behind prompt lookup; else lookup alone does
+    sampled_draft: bool = False
+    sampled_tree: bool = False  # with draft_tree, under sampling too (drawn from q; implies sampled_draft)
     fit_to_machine: bool = True  # measure this machine's pass costs at load (decoding/pass_costs.py)
 
     def __post_init__(self) -> None:

@@ -90,12 +90,14 @@ def build_configs(target: LoadedModel, draft: Draft | None, options: BenchOption
     ]
     if draft is not None:
         configs.append(Config("engine draft", spec(draft_drafter(draft, target, 8)), ref))
-        composite = _some(build_drafter(["ngram", "draft"], target, draft, 8))
+        # under sampling the composites keep the draft behind n-gram lookup (what sampled_draft turns on):
+        # the gateway's default there is n-gram lookup alone, the "engine ngram" row
+        composite = _some(build_drafter(["ngram", "draft"], target, draft, 8, sampled_draft=True))
         configs.append(Config("engine ngram+draft", spec(composite), ref))
         if isinstance(draft, DraftHead):  # a head can draft a tree per pass instead of a chain
             shape = TreeShape(sampled=not greedy)  # under sampling the engine drafts chains unless asked
             configs.append(Config("engine draft tree", spec(draft_drafter(draft, target, 8, shape)), ref))
-            composite = _some(build_drafter(["ngram", "draft"], target, draft, 8, shape))
+            composite = _some(build_drafter(["ngram", "draft"], target, draft, 8, shape, sampled_draft=True))
             configs.append(Config("engine ngram+draft tree", spec(composite), ref))
     if options.include_hf and greedy:
         # HF's assisted generation runs a standalone draft model; a draft head has no HF form, so against

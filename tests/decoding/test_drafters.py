@@ -103,6 +103,25 @@ def test_fallback_drafts_with_the_first_drafter_that_proposes(tiny_model: TinyFa
     assert ngram.length.value == 3 and draft.length.value == 2
 
 
+def test_behind_lookup_a_model_drafter_sits_out_sampled_requests_unless_asked(tiny_model: TinyFactory) -> None:
+    model = tiny_model(vocab_size=32, seed=3).model
+    sampled = SamplingParams(temperature=0.7)
+    matched, unmatched = [0, 4, 5, 6, 7, 4, 5], [0, 4, 5, 6, 7, 4, 5, 9]  # "5 9" never occurred before
+    for sampled_models in (False, True):
+        ngram = NgramDrafter(min_n=2, max_n=2, max_tokens=4)
+        draft = DraftModelDrafter(model, max_tokens=3)
+        either = FallbackDrafter([ngram, draft], sampled_models=sampled_models)
+        either.prepare(64)
+        # prompt lookup drafts a sampled request either way; greedy ones get the draft where it has no match
+        assert either.propose(matched, 4, sampled, G).sources == ["ngram"] * 4
+        assert either.propose(unmatched, 4, GREEDY, G).sources == ["draft"] * 3
+        proposal = either.propose(unmatched, 4, sampled, torch.Generator().manual_seed(0))
+        if sampled_models:
+            assert proposal.sources == ["draft"] * 3 and proposal.probs is not None
+        else:  # the model did not run: nothing drafted, nothing to verify
+            assert len(proposal) == 0 and proposal.model_drafted == 0
+
+
 def test_a_confidence_cut_stops_the_draft_chain_before_unsure_tokens(tiny_model: TinyFactory) -> None:
     model = tiny_model(vocab_size=32, seed=3, logit_scale=2.0).model
     context = [0, 1, 2, 3]

@@ -9,8 +9,10 @@ import torch
 
 from decoding.build import build_drafter
 from decoding.errors import ModelLoadError, TokenizerMismatchError
+from decoding.generate import Engine, GenerationConfig
 from decoding.hf_weights import to_hf_llama
 from decoding.loading import LoadedModel, check_same_tokenizer, load_model
+from decoding.sampling import SamplingParams
 from tests.conftest import TinyFactory
 
 
@@ -69,3 +71,17 @@ def test_drafter_names_are_checked(tiny_model: TinyFactory) -> None:
     with pytest.raises(ModelLoadError, match="needs a draft model"):
         build_drafter(["draft"], target, None, 8)
     assert build_drafter([], target, None, 8) is None
+
+
+def test_the_draft_drafts_greedy_requests_and_sampled_ones_only_when_asked(tiny_model: TinyFactory) -> None:
+    target, draft = tiny_model(vocab_size=24, seed=1), tiny_model(vocab_size=24, seed=2)
+    prompt = [0, 5, 6, 7, 8, 9, 10]
+    sampled = GenerationConfig(max_new_tokens=24, ignore_eos=True, sampling=SamplingParams(temperature=0.7, seed=0))
+    greedy = GenerationConfig(max_new_tokens=24, ignore_eos=True)
+    shipped = Engine(target, build_drafter(["ngram", "draft"], target, draft, 8))
+    asked = Engine(target, build_drafter(["ngram", "draft"], target, draft, 8, sampled_draft=True))
+    assert "draft" in shipped.complete(prompt, greedy).stats.by_source
+    assert "draft" not in shipped.complete(prompt, sampled).stats.by_source  # prompt lookup alone
+    assert "draft" in asked.complete(prompt, sampled).stats.by_source
+    alone = Engine(target, build_drafter(["draft"], target, draft, 8))  # a lone draft always drafts
+    assert "draft" in alone.complete(prompt, sampled).stats.by_source
