@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from decoding import kernels
 from decoding.build import MIN_DRAFT_PEAK, build_drafter, load_draft
 from decoding.copy_hints import sequence_hints
 from decoding.distill.data import draft_vocabulary
@@ -225,6 +226,46 @@ def test_a_bf16_eagle3_head_steps_on_target_features_wider_than_one_packed_reduc
     assert verified.shape == (3, 400) and logits.shape == (3, 16)
     drafted, _ = head.step(torch.tensor([2]), verified[-1:], 3)  # then its own output
     assert drafted.shape == (1, 400) and torch.isfinite(drafted).all()
+
+
+@pytest.mark.skipif(not kernels.linear_available(), reason="needs the kernel and AVX512-BF16")
+def test_a_bf16_head_runs_each_layer_in_one_kernel_call_and_a_multi_row_step_gives_single_steps_bits() -> None:
+    """prepare_inference puts each of a bf16 head's layers through one exact kernel call: the bits of its
+    kernels called one by one, and every row of a pass (the catch-up over verified positions, a tree's
+    rows with their mask and positions) the bits of the single step it stands for."""
+    config = HeadConfig(design="eagle", target_vocab_size=16, dim=64, n_layers=1, n_heads=4, n_kv_heads=2,
+                        intermediate_size=96)
+    emb, lm = torch.randn(16, 64), torch.randn(16, 64)
+    heads = []
+    for one_call in (True, False):
+        torch.manual_seed(0)  # the same weights
+        head = DraftHead(config, torch.arange(16))
+        head.attach(emb, lm)
+        head.prepare_inference(torch.bfloat16)
+        head.setup_cache(32)
+        assert head.one_call and all(block.attention.exact_kernel for block in head.blocks)
+        if not one_call:  # the same kernels, called one by one (attention through the kernel too)
+            for block in head.blocks:
+                block.exact_weights = None
+        heads.append(head)
+    tokens, feats = torch.tensor([3, 5, 7, 2, 9]), torch.randn(5, 64)
+    outs = [h.step(tokens[:3], feats[:3], 0) for h in heads]  # a prompt's pass, causal
+    outs += [h.step(tokens[3:], feats[3:], 3) for h in heads]  # a catch-up of two rows, masked
+    for a, b in zip(outs[0::2], outs[1::2], strict=True):
+        assert torch.equal(a[0], b[0]) and torch.equal(a[1], b[1])
+    single = heads[0]
+    single.setup_cache(64)  # a bigger cache: a fresh one
+    passes = torch.cat([outs[0][0], outs[2][0]]), torch.cat([outs[0][1], outs[2][1]])  # (5, D), (5, V)
+    for i in range(5):
+        feature, logits = single.step(tokens[i : i + 1], feats[i : i + 1], i)
+        assert torch.equal(feature[0], passes[0][i]) and torch.equal(logits[0], passes[1][i])
+    # two tree rows at slots 5 and 6, both at position 5, each reading the context and itself only
+    mask = torch.zeros(2, 7, dtype=torch.bool)
+    mask[:, :5], mask[0, 5], mask[1, 6] = True, True, True
+    tree_feature, tree_logits = single.step(torch.tensor([4, 6]), feats[:2], 5, torch.tensor([5, 5]), mask)
+    for r, token in enumerate((4, 6)):
+        alone_feature, alone_logits = single.step(torch.tensor([token]), feats[r : r + 1], 5)
+        assert torch.equal(tree_feature[r], alone_feature[0]) and torch.equal(tree_logits[r], alone_logits[0])
 
 
 def test_a_context_vocab_head_drafts_context_tokens_outside_its_fixed_vocabulary(tiny_model: TinyFactory) -> None:
