@@ -257,6 +257,7 @@ class Engine:
             pos = len(tokens) - 1  # position of the last token, which is not in the cache yet
 
             while produced < budget:
+                began = time.perf_counter()
                 proposal = Proposal()
                 # drafts beyond the budget or the cache would be wasted: each pass emits accepted + 1
                 room = min(budget - produced - 1, self.max_context - pos - 1, k_max)
@@ -274,6 +275,8 @@ class Engine:
                     written = pos
                     token = emitted[-1]
                     produced += len(emitted)
+                    if drafter is not None:
+                        drafter.observe_time(time.perf_counter() - began, len(emitted))
                     yield emitted
                     continue
                 k = len(proposal)
@@ -305,6 +308,8 @@ class Engine:
                 written = pos
                 token = emitted[-1]
                 produced += len(emitted)
+                if drafter is not None:
+                    drafter.observe_time(time.perf_counter() - began, len(emitted))
                 yield emitted
         finally:
             if grammar is not None:

@@ -62,6 +62,10 @@ class Drafter(ABC):
     def observe(self, num_proposed: int, num_accepted: int) -> None:  # noqa: B027 - optional hook
         """Feedback after verification: the first `num_accepted` of `num_proposed` tokens were kept."""
 
+    def observe_time(self, seconds: float, tokens: int) -> None:  # noqa: B027 - optional hook
+        """After every decode pass, proposal or not: its wall time, from before the proposal to the
+        tokens emitted, and how many it emitted."""
+
     def observe_candidates(self, tried: tuple[int, ...]) -> None:  # noqa: B027 - optional hook
         """After a sampled tree's verification (decoding/tree_sampling.py), before `observe`: the
         candidates tried at each row visited, root first; the last one tried was kept, except at the

@@ -1,5 +1,6 @@
 """The speculation controller pauses speculation where its passes earn fewer tokens than they cost, backs
-off doubling, probes again, and never changes which tokens come out."""
+off doubling, probes again, and never changes which tokens come out; a fallback group's timed gate sits
+a model drafter out where its passes are slower than plain steps."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import torch
 
 from decoding.adaptive import ControllerConfig, SpeculationController
 from decoding.constraints.base import Grammar
+from decoding.drafters import DraftModelDrafter, FallbackDrafter, NgramDrafter
 from decoding.drafters.base import Drafter, Proposal
+from decoding.drafters.timed_gate import GateConfig, TimedGate
 from decoding.generate import Engine, GenerationConfig
 from decoding.sampling import SamplingParams
 from tests.conftest import TinyFactory
@@ -98,3 +101,67 @@ def test_the_engine_stops_proposing_drafts_that_never_pay_and_its_output_is_unch
     # after the prompt's token: 8 losing passes, a pause of 16 steps, 8 more passes, then the second pause
     # (32) outlasts the request: every step left but the last, which has no room for drafts anyway
     assert drafter.proposals == 16 and result.stats.paused_steps == 16 + (60 - 1 - 8 - 16 - 8 - 1)
+
+
+def gate_allowed_for(gate: TimedGate) -> int:
+    """Passes until the gate lets its drafter run (consumes them)."""
+    n = 0
+    while not gate.allows():
+        n += 1
+    return n
+
+
+def test_a_timed_gate_waits_for_plain_steps_then_keeps_a_drafter_while_it_beats_them() -> None:
+    config = GateConfig()
+    gate = TimedGate(config)
+    assert not gate.allows()  # no plain step timed yet
+    for _ in range(config.warmup):
+        gate.plain(0.010)  # a plain step: 100 tokens/s
+    for _ in range(5 * config.window):  # 2 tokens in 15 ms: 133 tokens/s
+        assert gate.allows()
+        gate.drafted(2, 0.015)
+    assert gate.sat_out == 1  # only the pass before the first plain step
+
+
+def test_a_timed_gate_sits_a_slower_drafter_out_longer_each_time_and_forgives_a_fast_window() -> None:
+    config = GateConfig()
+    gate = TimedGate(config)
+    for _ in range(config.warmup):
+        gate.plain(0.010)
+    pauses = []
+    for _ in range(4):
+        assert gate_allowed_for(gate) == (pauses[-1] if pauses else 0)
+        for _ in range(config.window):  # 2 tokens in 25 ms: 80 tokens/s, slower than plain steps
+            gate.drafted(2, 0.025)
+        pauses.append(gate._pause_left)
+    assert pauses == [16, 32, 64, 128]
+    assert gate_allowed_for(gate) == 128
+    for _ in range(config.window):  # a window faster than plain steps: the next pause starts over
+        gate.drafted(3, 0.020)
+    for _ in range(config.window):
+        gate.drafted(1, 0.020)
+    assert gate_allowed_for(gate) == config.pause
+
+
+def test_behind_lookup_a_drafter_slower_than_plain_steps_sits_out_and_lookup_goes_on(tiny_model: TinyFactory) -> None:
+    model = tiny_model(vocab_size=32, seed=3).model
+    draft = DraftModelDrafter(model, max_tokens=2)
+    ngram = NgramDrafter(min_n=2, max_n=2, max_tokens=2)
+    fallback = FallbackDrafter([ngram, draft])
+    fallback.prepare(256)
+    fallback.reset()
+    g = torch.Generator().manual_seed(0)
+    no_match = [0, 4, 5, 6, 7]  # "6 7" never occurred before
+    sources = []
+    for i in range(40):
+        proposal = fallback.propose([*no_match, 8 + i % 20], 2, SamplingParams(), g)
+        sources.append(proposal.sources[0] if proposal.sources else "plain")
+        # a plain step takes 10 ms; a pass the draft ran takes 40 ms for 2 tokens
+        fallback.observe_time(0.040 if proposal.sources else 0.010, 2 if proposal.sources else 1)
+    assert sources[:2] == ["plain", "plain"]  # timing plain steps first
+    assert sources[2:5] == ["draft"] * 3  # one window of the draft's passes: slower than plain steps
+    assert sources[5:21] == ["plain"] * 16  # then a pause
+    assert sources[21:24] == ["draft"] * 3 and sources[24:] == ["plain"] * 16  # a probe, a longer pause
+    assert fallback.sat_out == 2 + 16 + 16
+    matched = fallback.propose([0, 4, 5, 6, 7, 4, 5], 2, SamplingParams(), g)
+    assert matched.sources == ["ngram", "ngram"]  # prompt lookup is never held back

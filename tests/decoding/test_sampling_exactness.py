@@ -144,7 +144,8 @@ def _drafter(kind: str, target: LoadedModel) -> Drafter:
     if kind == "ngram|eagle-head-cut":  # the shipped arrangement: n-gram where it matches, else the head
         head = HeadDrafter(trained_head(target, "eagle", updates=20), max_tokens=2, min_peak=HEAD_CUT)
         CUTS[kind] = CutCounter(head)
-        return FallbackDrafter([NgramDrafter(min_n=2, max_n=3, max_tokens=2), head])
+        # untimed: the head drafts from the first pass (its timed gate would wait for plain steps first)
+        return FallbackDrafter([NgramDrafter(min_n=2, max_n=3, max_tokens=2), head], timed=False)
     if kind == "ngram":
         return NgramDrafter(min_n=1, max_n=3, max_tokens=2)
     if kind == "eagle-head":  # emits 4 of the 5 tokens: q is zero on the last, as for a real head's subset
@@ -160,7 +161,8 @@ def _drafter(kind: str, target: LoadedModel) -> Drafter:
         return HeadDrafter(trained_head(target, "eagle3", updates=20), max_tokens=2, tree=TREE)
     if kind == "ngram|eagle-head-tree":
         return FallbackDrafter([NgramDrafter(min_n=2, max_n=3, max_tokens=2),
-                                HeadDrafter(trained_head(target, "eagle", updates=20), max_tokens=2, tree=TREE)])
+                                HeadDrafter(trained_head(target, "eagle", updates=20), max_tokens=2, tree=TREE)],
+                               timed=False)
     if kind == "ngram+eagle-head":
         return CompositeDrafter([NgramDrafter(min_n=2, max_n=3, max_tokens=1),
                                  HeadDrafter(trained_head(target, "eagle", updates=20), max_tokens=2)])
