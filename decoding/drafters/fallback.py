@@ -10,6 +10,10 @@ Under sampling (temperature > 0) a model drafter here proposes only with `sample
 lookup alone drafts sampled requests. On the development machine the head's guesses are worth half as
 much there (the target's draws leave its argmax) while each still costs a head step, and n-gram lookup
 alone measured faster in every bench category (decoding/drafts/README.md, "Sampled requests").
+
+Under greedy decoding each model drafter here has a timed gate (`timed`, timed_gate.py): where its
+passes earn tokens more slowly than plain steps, by the request's own wall time, it sits out for a
+back-off while prompt lookup goes on.
 """
 
 from __future__ import annotations
