@@ -4,6 +4,8 @@ a model drafter out where its passes are slower than plain steps."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from decoding.adaptive import ControllerConfig, SpeculationController
@@ -18,12 +20,16 @@ from tests.conftest import TinyFactory
 CONFIG = ControllerConfig()  # 8 passes a window, first pause 16 steps, at most 256
 
 
-def paused_for(controller: SpeculationController) -> int:
-    """Steps until it speculates again (consumes them)."""
+def refusals(allows: Callable[[], bool]) -> int:
+    """Passes until `allows` says yes (consumes them): a controller's pause, a gate's."""
     n = 0
-    while not controller.should_speculate():
+    while not allows():
         n += 1
     return n
+
+
+def paused_for(controller: SpeculationController) -> int:
+    return refusals(controller.should_speculate)
 
 
 def test_a_window_of_losing_passes_pauses_and_each_pause_in_a_row_doubles() -> None:
@@ -103,14 +109,6 @@ def test_the_engine_stops_proposing_drafts_that_never_pay_and_its_output_is_unch
     assert drafter.proposals == 16 and result.stats.paused_steps == 16 + (60 - 1 - 8 - 16 - 8 - 1)
 
 
-def gate_allowed_for(gate: TimedGate) -> int:
-    """Passes until the gate lets its drafter run (consumes them)."""
-    n = 0
-    while not gate.allows():
-        n += 1
-    return n
-
-
 def test_a_timed_gate_waits_for_plain_steps_then_keeps_a_drafter_while_it_beats_them() -> None:
     config = GateConfig()
     gate = TimedGate(config)
@@ -130,17 +128,17 @@ def test_a_timed_gate_sits_a_slower_drafter_out_longer_each_time_and_forgives_a_
         gate.plain(0.010)
     pauses = []
     for _ in range(4):
-        assert gate_allowed_for(gate) == (pauses[-1] if pauses else 0)
+        assert refusals(gate.allows) == (pauses[-1] if pauses else 0)
         for _ in range(config.window):  # 2 tokens in 25 ms: 80 tokens/s, slower than plain steps
             gate.drafted(2, 0.025)
         pauses.append(gate._pause_left)
     assert pauses == [16, 32, 64, 128]
-    assert gate_allowed_for(gate) == 128
+    assert refusals(gate.allows) == 128
     for _ in range(config.window):  # a window faster than plain steps: the next pause starts over
         gate.drafted(3, 0.020)
     for _ in range(config.window):
         gate.drafted(1, 0.020)
-    assert gate_allowed_for(gate) == config.pause
+    assert refusals(gate.allows) == config.pause
 
 
 def test_behind_lookup_a_drafter_slower_than_plain_steps_sits_out_and_lookup_goes_on(tiny_model: TinyFactory) -> None:
