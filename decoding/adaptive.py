@@ -5,7 +5,9 @@ accepted, else -1, never below 1. The controller compares what speculation earne
 pass) with what it cost under a simple cost model — a verify pass of k drafts costs (1 + verify_cost *
 k) target steps, plus draft_cost * k for a drafter that runs a model — and pauses speculation when it
 does not pay, probing again after a back-off. Decisions use counts only, never wall time, so a request
-behaves the same on a loaded machine.
+behaves the same on a loaded machine. (Pricing it by costs measured at load instead lost 3–5% greedy
+here; behind prompt lookup, whether a model drafter pays is judged by the request's own wall time:
+drafters/timed_gate.py.)
 """
 
 from __future__ import annotations
