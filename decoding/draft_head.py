@@ -122,6 +122,8 @@ class DraftHead(nn.Module):
         self.lm_head: nn.Module | None = None  # D -> Vd
         self.lm_rows: torch.Tensor = torch.empty(0)  # (V, D) the target's whole LM head, for context tokens
         self.max_seq_len = 0
+        # changes with every step and every new cache: a drafter can tell the cache is as it left it
+        self.cache_version = 0
 
     @property
     def uses_features(self) -> bool:
@@ -181,12 +183,19 @@ class DraftHead(nn.Module):
         max_seq_len = min(max_seq_len, self.config.max_seq_len)
         if max_seq_len <= self.max_seq_len:
             return
+        grown = self.max_seq_len > 0  # a bigger cache keeps what the smaller held: a drafter may read it
         self.max_seq_len = max_seq_len
+        if not grown:
+            self.cache_version += 1
         c = self.config
         kernel = self.one_call
         for block in self.blocks:
-            block.attention.kv_cache = KVCache(c.n_kv_heads, max_seq_len, c.dim // c.n_heads, torch.float32,
-                                               transposed_keys=kernel)
+            before = block.attention.kv_cache
+            cache = KVCache(c.n_kv_heads, max_seq_len, c.dim // c.n_heads, torch.float32, transposed_keys=kernel)
+            if grown and before is not None:
+                n = before.k.shape[2]
+                cache.k[:, :, :n], cache.v[:, :, :n] = before.k, before.v
+            block.attention.kv_cache = cache
             block.attention.exact_kernel = kernel
         cos, sin = rope_tables(c.block_args, torch.float32)
         self.rope_cos, self.rope_sin = cos[:max_seq_len], sin[:max_seq_len]
@@ -222,6 +231,7 @@ class DraftHead(nn.Module):
         feature and logits only, (1, D) and (1, Vd + n): a request's prompt needs no more (scoring
         2,300 rows took ~40 ms)."""
         assert self.lm_head is not None, "attach() the target first"
+        self.cache_version += 1
         t = tokens.shape[0]
         end = start + t
         if end > self.max_seq_len:

@@ -41,6 +41,9 @@ class HeadDrafter(Drafter):
         self._features = torch.zeros(0, head.config.feature_width)  # [S, F] the target's, by position
         self.vocab = ContextVocab(head.vocab, head.config.target_vocab_size, head.config.context_vocab)
         self.hints = ContextHints() if head.config.copy_hint else None
+        self._tokens: list[int] = []  # the context the head's verified pairs were built from
+        self._committed = 0  # pairs [0, committed) were built from verified features
+        self._version = -1  # the head's cache_version after this drafter's last step
         self.reset()
 
     @property
@@ -56,8 +59,9 @@ class HeadDrafter(Drafter):
         return self._cost
 
     def reset(self) -> None:
-        self._tokens: list[int] = []  # the context the head's verified pairs were built from
-        self._committed = 0  # pairs [0, committed) were built from verified features
+        # the verified pairs stay: an agent's next turn extends this one's context, and the pairs of their
+        # common prefix are the same (a 2,300-token prompt's catch-up took ~60 ms of head steps); _draft
+        # reads them only if no other step touched the head's cache since
         self._known = 0  # target features known for positions [0, known)
         self.length = DraftLength(self.max_tokens, self.max_tokens, self.costs)
         # candidates after the first, kept where the ones before were rejected: a prior worth 4 tries
@@ -101,6 +105,15 @@ class HeadDrafter(Drafter):
         verified = min(self._known, last) if self.uses_features else last
         if k <= 0 or verified < 1:
             return Proposal()
+        proposal = self._draft(context, k, max_tokens, verified, params, generator, grammar)
+        self._version = self.head.cache_version  # every head step of this proposal is done
+        return proposal
+
+    def _draft(self, context: list[int], k: int, max_tokens: int, verified: int, params: SamplingParams,
+               generator: torch.Generator, grammar: Grammar | None) -> Proposal:
+        last = len(context) - 1
+        if self.head.cache_version != self._version:  # another drafter stepped the head, or a new cache
+            self._tokens, self._committed = [], 0
         keep = min(common_prefix_length(self._tokens, context, self._committed) - 1, self._committed)
         keep = max(0, min(keep, verified))
         ctx = torch.tensor(context)

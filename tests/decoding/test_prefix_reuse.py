@@ -30,7 +30,8 @@ def target(tiny_model: TinyFactory) -> LoadedModel:
 def speculative(model: LoadedModel) -> Engine:
     tree = TreeShape(nodes=6, branch=3, width=1, depth=4, min_score=0.0)
     head = HeadDrafter(trained_head(model, "eagle"), max_tokens=6, tree=tree)
-    return Engine(model, FallbackDrafter([NgramDrafter(min_n=2, max_n=3), head]), max_draft_tokens=6)
+    # untimed: which passes carry the head's drafts must not depend on wall time here
+    return Engine(model, FallbackDrafter([NgramDrafter(min_n=2, max_n=3), head], timed=False), max_draft_tokens=6)
 
 
 def run(engine: Engine, prompt: list[int], temperature: float = 0.0, seed: int = 0) -> GenerationResult:
@@ -98,3 +99,32 @@ def test_without_the_kernel_prompts_are_read_whole(tiny_model: TinyFactory, monk
     engine = Engine(model, NgramDrafter(min_n=2, max_n=3))
     run(engine, PROMPT)
     assert run(engine, PROMPT).stats.cached_prompt_tokens == 0
+
+
+def test_the_head_keeps_its_pairs_for_the_next_turn_unless_another_drafter_stepped_it(
+        tiny_model: TinyFactory) -> None:
+    model = target(tiny_model)
+    engine = speculative(model)
+    drafter = engine.drafter.drafters[1]  # type: ignore[union-attr]
+    assert isinstance(drafter, HeadDrafter)
+    rows: list[int] = []  # the rows of each head step, in order
+    inner = drafter.head.step
+
+    def spy(tokens: torch.Tensor, *args: object, **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
+        rows.append(int(tokens.shape[0]))
+        return inner(tokens, *args, **kwargs)  # type: ignore[arg-type]
+
+    drafter.head.step = spy  # type: ignore[method-assign]
+    first = run(engine, PROMPT)
+    assert rows[0] >= len(PROMPT) - 1  # the first proposal caught up over the whole prompt
+    turn = [*PROMPT, *first.token_ids, 5, 17, 3]
+    rows.clear()
+    run(engine, turn)
+    assert rows and rows[0] <= len(turn) - len(PROMPT)  # only past the pairs it kept from the last turn
+    other = HeadDrafter(drafter.head, max_tokens=2)  # another drafter steps the same head
+    other.prepare(64)
+    other.observe_features(0, torch.randn(4, drafter.head.config.feature_width))
+    other.propose([0, 7, 2, 9, 11], 2, SamplingParams(), torch.Generator().manual_seed(0))
+    rows.clear()
+    run(engine, [*turn, 8, 6])
+    assert rows[0] >= len(turn) - 1  # its pairs may be gone: it caught up from the start
