@@ -193,8 +193,7 @@ class DraftHead(nn.Module):
             before = block.attention.kv_cache
             cache = KVCache(c.n_kv_heads, max_seq_len, c.dim // c.n_heads, torch.float32, transposed_keys=kernel)
             if grown and before is not None:
-                n = before.k.shape[2]
-                cache.k[:, :, :n], cache.v[:, :, :n] = before.k, before.v
+                cache.keep(before)
             block.attention.kv_cache = cache
             block.attention.exact_kernel = kernel
         cos, sin = rope_tables(c.block_args, torch.float32)

@@ -81,6 +81,11 @@ class KVCache(nn.Module):
             self.register_buffer("k", torch.zeros(shape, dtype=stored), persistent=False)
         self.register_buffer("v", torch.zeros(shape, dtype=stored), persistent=False)
 
+    def keep(self, before: KVCache) -> None:
+        """Hold what a smaller cache held, at the same positions (a cache grown for a longer request)."""
+        n = before.k.shape[2]
+        self.k[:, :, :n], self.v[:, :, :n] = before.k, before.v
+
     def update(
         self, start: int, k: torch.Tensor, v: torch.Tensor, end: int, stored: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -246,18 +251,17 @@ class Block(nn.Module):
         return h + self.feed_forward(self.ffn_norm(h))
 
 
-def take_exact_linears(module: nn.Module, blocks: list[Block], one_call: bool = True) -> bool:
+def take_exact_linears(module: nn.Module, blocks: list[Block]) -> bool:
     """Every `nn.Linear` under `module` an `ExactLinear`, and the RMSNorms of its `blocks` through the
-    kernel too, if every layer can run it here (else none: returns False). With `one_call`, each block
-    runs as one `kernels.exact_layer` call wherever it attends through the exact kernel."""
+    kernel too, if every layer can run it here (else none: returns False); each block then runs as one
+    `kernels.exact_layer` call wherever it attends through the exact kernel."""
     if not all(can_run_exact(m) for m in module.modules() if isinstance(m, nn.Linear)):
         return False
     pack_linears(module, exact=True)
     scratch = kernels.Scratch()
     for block in blocks:
         block.attention_norm.exact = block.ffn_norm.exact = True
-        if one_call:
-            block.exact_weights = layer_weights(block, scratch)
+        block.exact_weights = layer_weights(block, scratch)
     return True
 
 
@@ -367,8 +371,7 @@ class Transformer(nn.Module):
                             transposed_keys=kernel)
             before = layer.attention.kv_cache
             if grown and before is not None:  # keep what it holds: an engine may read a cached prefix
-                n = before.k.shape[2]
-                cache.k[:, :, :n], cache.v[:, :, :n] = before.k, before.v
+                cache.keep(before)
             layer.attention.kv_cache = cache
             layer.attention.exact_kernel = kernel
         if not grown:

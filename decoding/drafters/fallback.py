@@ -57,7 +57,8 @@ class FallbackDrafter(DrafterGroup):
             if gate is not None and not gate.allows():
                 continue  # its passes have been slower than plain steps: for now, plain steps
             proposal = drafter.propose(context, max_tokens, params, generator, grammar)
-            self._ran = gate or self._ran
+            if gate is not None:
+                self._ran = gate
             if len(proposal):
                 self._chosen = drafter
                 return proposal
