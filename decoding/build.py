@@ -26,6 +26,10 @@ DRAFTER_NAMES = ("grammar", "ngram", "draft")
 # a model's draft chain stops before a token it gives less than this (drafters/chain.py): on the bench
 # workload 0.3 beat 0.2 and 0.4, and no cut, for the shipped draft head
 MIN_DRAFT_PEAK = 0.3
+# a draft head catches up over at most this many of the context's latest pairs (drafters/head.py): a
+# session's first request read ~2,000-2,700 prompt pairs in 60-170 ms, ~10 ms at 512, and n-gram lookup
+# alone was faster there (decoding/drafts/README.md, "The head's reach")
+HEAD_REACH = 512
 
 Draft = LoadedModel | DraftHead
 
@@ -68,7 +72,7 @@ def load_head_for(path: Path, target: LoadedModel) -> DraftHead:
 def draft_drafter(draft: Draft, target: LoadedModel, max_draft_tokens: int, tree: TreeShape | None = None) -> Drafter:
     """A drafter for `draft`; a draft head drafts a `tree` per pass where one is given, else a chain."""
     if isinstance(draft, DraftHead):
-        return HeadDrafter(draft, max_tokens=max_draft_tokens, min_peak=MIN_DRAFT_PEAK, tree=tree)
+        return HeadDrafter(draft, max_tokens=max_draft_tokens, min_peak=MIN_DRAFT_PEAK, tree=tree, reach=HEAD_REACH)
     check_same_tokenizer(target, draft)
     if draft.model.args.vocab_size != target.model.args.vocab_size:
         raise ModelLoadError(

@@ -4,6 +4,10 @@ them the head chains its own predicted features, one position per step.
 The head's cache position i holds the pair (feature of position i, token i + 1). Pairs built from
 verified features are kept; pairs built from predicted features (drafts, or tokens another drafter
 proposed) are rewritten once the target has verified them — the static cache rolls back for free.
+
+With a `reach`, a catch-up over more than `reach` new pairs (a long prompt) starts the head over from the
+latest `reach`: pair i then sits at cache slot and position i - offset. The head attends over less
+context from there, and its drafts may differ; outputs never depend on them.
 """
 
 from __future__ import annotations
@@ -28,8 +32,10 @@ class HeadDrafter(Drafter):
     name = "draft"
 
     def __init__(self, head: DraftHead, max_tokens: int = 8, cost_per_token: float = 0.05,
-                 min_peak: float = 0.0, tree: TreeShape | None = None) -> None:
+                 min_peak: float = 0.0, tree: TreeShape | None = None, reach: int | None = None) -> None:
         self.head = head
+        # a catch-up longer than `reach` pairs reads only the latest `reach` (None: the whole context)
+        self.reach = reach
         self.max_tokens = max_tokens
         self.min_peak = min_peak  # stop the chain before a draft the model is less sure of (chain.py)
         self.tree = tree  # draft a tree (head_tree.py) instead of a chain, where no grammar constrains
@@ -44,6 +50,7 @@ class HeadDrafter(Drafter):
         self._tokens: list[int] = []  # the context the head's verified pairs were built from
         self._committed = 0  # pairs [0, committed) were built from verified features
         self._version = -1  # the head's cache_version after this drafter's last step
+        self._offset = 0  # the head's cache slot 0 holds the pair of this context position
         self.reset()
 
     @property
@@ -116,6 +123,11 @@ class HeadDrafter(Drafter):
             self._tokens, self._committed = [], 0
         keep = min(common_prefix_length(self._tokens, context, self._committed) - 1, self._committed)
         keep = max(0, min(keep, verified))
+        if keep <= self._offset:  # no kept pair
+            keep = self._offset = 0
+        if self.reach is not None and verified - keep > self.reach:  # start over from the latest pairs
+            keep = self._offset = verified - self.reach
+        off = self._offset  # pair i sits at the head's cache slot and position i - off
         ctx = torch.tensor(context)
         self.vocab.update(context)
         if self.hints is not None:
@@ -123,7 +135,7 @@ class HeadDrafter(Drafter):
         extra = self.vocab.extra  # (n,) context tokens outside the head's vocabulary, or None
         feature, logits = None, None
         if verified > keep:  # pairs with the target's own features, in one pass
-            out, lg = self.head.step(ctx[keep + 1 : verified + 1], self._pair_features(keep, verified), keep,
+            out, lg = self.head.step(ctx[keep + 1 : verified + 1], self._pair_features(keep, verified), keep - off,
                                      hints=self._pair_hints(keep, verified), extra=extra, last_only=True)
             feature, logits = out[-1:], lg[-1]
         self._tokens, self._committed = list(context[: verified + 1]), verified
@@ -131,21 +143,21 @@ class HeadDrafter(Drafter):
         pos = verified
         if feature is None:  # nothing new was verified: recompute the last verified pair
             pos = verified - 1
-            out, lg = self.head.step(ctx[pos + 1 : pos + 2], self._pair_features(pos, pos + 1), pos,
+            out, lg = self.head.step(ctx[pos + 1 : pos + 2], self._pair_features(pos, pos + 1), pos - off,
                                      hints=self._pair_hints(pos, pos + 1), extra=extra)
             feature, logits, pos = out, lg[-1], verified
         while pos < last:
-            out, lg = self.head.step(ctx[pos + 1 : pos + 2], feature, pos, hints=self._pair_hints(pos, pos + 1),
+            out, lg = self.head.step(ctx[pos + 1 : pos + 2], feature, pos - off, hints=self._pair_hints(pos, pos + 1),
                                      extra=extra)
             feature, logits, pos = out, lg[-1], pos + 1
         assert logits is not None
         self._last = "tree" if self.tree is not None and grammar is None and params.greedy else "chain"
         if self.tree is not None and self.tree.sampled and grammar is None and not params.greedy:
-            return self._sampled_tree(logits, feature, last, max_tokens, params, generator)
+            return self._sampled_tree(logits, feature, last - off, max_tokens, params, generator)
         if self._last == "tree":
             assert self.tree is not None
             # fitted to the machine: as many nodes as the chain's ceiling, the pass size that pays here
-            tree, steps = grow_tree(self.head, logits, feature, last, self.tree, max_tokens, self.vocab,
+            tree, steps = grow_tree(self.head, logits, feature, last - off, self.tree, max_tokens, self.vocab,
                                     self.hints.after if self.hints is not None else None,
                                     max_nodes=self.length.maximum if self.costs is not None else None)
             self._tree_depth = tree.depth
@@ -157,7 +169,7 @@ class HeadDrafter(Drafter):
         def step(token: int, i: int) -> torch.Tensor:
             nonlocal feature  # each draft reads the feature the head predicted for the one before
             path.append(token)
-            feature, lg = self.head.step(torch.tensor([token]), feature, last + i, hints=self._path_hint(path),
+            feature, lg = self.head.step(torch.tensor([token]), feature, last - off + i, hints=self._path_hint(path),
                                          extra=extra)
             return lg[-1]  # [Vd + n]
 

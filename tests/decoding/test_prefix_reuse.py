@@ -27,9 +27,9 @@ def target(tiny_model: TinyFactory) -> LoadedModel:
     return model
 
 
-def speculative(model: LoadedModel) -> Engine:
+def speculative(model: LoadedModel, reach: int | None = None) -> Engine:
     tree = TreeShape(nodes=6, branch=3, width=1, depth=4, min_score=0.0)
-    head = HeadDrafter(trained_head(model, "eagle"), max_tokens=6, tree=tree)
+    head = HeadDrafter(trained_head(model, "eagle"), max_tokens=6, tree=tree, reach=reach)
     # untimed: which passes carry the head's drafts must not depend on wall time here
     return Engine(model, FallbackDrafter([NgramDrafter(min_n=2, max_n=3), head], timed=False), max_draft_tokens=6)
 
@@ -128,3 +128,30 @@ def test_the_head_keeps_its_pairs_for_the_next_turn_unless_another_drafter_stepp
     rows.clear()
     run(engine, [*turn, 8, 6])
     assert rows[0] >= len(turn) - 1  # its pairs may be gone: it caught up from the start
+
+
+def test_a_head_with_a_reach_catches_up_over_the_latest_pairs_only(tiny_model: TinyFactory) -> None:
+    model = target(tiny_model)
+    engine = speculative(model, reach=5)
+    drafter = engine.drafter.drafters[1]  # type: ignore[union-attr]
+    assert isinstance(drafter, HeadDrafter)
+    steps: list[tuple[int, int]] = []  # (first cache slot, rows) of each head step, in order
+    inner = drafter.head.step
+
+    def spy(tokens: torch.Tensor, features: torch.Tensor | None, start: int,
+            *args: object, **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
+        steps.append((start, int(tokens.shape[0])))
+        return inner(tokens, features, start, *args, **kwargs)  # type: ignore[arg-type]
+
+    drafter.head.step = spy  # type: ignore[method-assign]
+    first = run(engine, PROMPT)
+    assert first.stats.accepted_tokens > 0
+    assert steps[0] == (0, 5)  # the prompt's latest 5 pairs, from the head's first slot
+    # every later step lands past them, within the pairs this request added (24 tokens, drafts of 4)
+    assert all(start >= 5 and start + rows <= 5 + 24 + 4 for start, rows in steps[1:])
+    assert first.token_ids == run(Engine(model, None), PROMPT).token_ids
+    steps.clear()
+    turn = [*PROMPT, *first.token_ids, 5, 17, 3]  # more than 5 new pairs: it starts over
+    again = run(engine, turn)
+    assert steps[0] == (0, 5)
+    assert again.token_ids == run(Engine(model, None), turn).token_ids
