@@ -26,12 +26,18 @@
 #include "exact_vec.h" /* VL lanes: 16 keys when scoring, 16 head dimensions when summing values */
 
 #define RB 16     /* query rows per task */
-#define RS 4      /* rows scored and summed together: one key load feeds RS multiply-adds */
+#define RS 6      /* rows scored and summed together: one key load feeds RS multiply-adds */
 #define KT 4      /* key vectors per scoring tile: 64 keys by the head dimension, in L1 across row groups */
 #define DV 4      /* value vectors (64 head dimensions) accumulated at once, per row */
 #define MAX_HD 256
 
 static inline vf load(const float* p) { vf x; memcpy(&x, p, sizeof x); return x; }
+/* x in every lane, as it is: splat(x) is 0 + x (a -0 turns +0), one scalar add more in an inner loop;
+ * callers broadcast values that already are what splat would make of them */
+static inline vf bcast(float x) {
+    vf v = {x};
+    return __builtin_shuffle(v, (vi){0});
+}
 static inline void store(float* p, vf x) { memcpy(p, &x, sizeof x); }
 static inline vf load_part(const float* p, int w) { /* w < VL floats, zeros after */
     float tmp[VL] = {0};
@@ -58,7 +64,7 @@ static inline __attribute__((always_inline)) void score_rows(int rr, int nk, con
         vf key[KT];
         for (int u = 0; u < nk; u++) key[u] = load(kd + u * VL);
         for (int i = 0; i < rr; i++) {
-            vf qv = splat(qs[(long)i * hd + d]);
+            vf qv = bcast(qs[(long)i * hd + d]); /* qs holds 0 + q: splat's value */
             for (int u = 0; u < nk; u++) acc[i][u] = acc[i][u] + qv * key[u];
         }
     }
@@ -69,6 +75,8 @@ static inline __attribute__((always_inline)) void score_rows(int rr, int nk, con
 static void score_group(int rr, int nk, const float* qs, int hd, const float* kt, long kds, int j, float* s,
                         long ls) {
     switch (rr * 8 + nk) { /* every case the same operations per score, unrolled for its sizes */
+        case 6 * 8 + KT: score_rows(6, KT, qs, hd, kt, kds, j, s, ls); break;
+        case 5 * 8 + KT: score_rows(5, KT, qs, hd, kt, kds, j, s, ls); break;
         case 4 * 8 + KT: score_rows(4, KT, qs, hd, kt, kds, j, s, ls); break;
         case 3 * 8 + KT: score_rows(3, KT, qs, hd, kt, kds, j, s, ls); break;
         case 2 * 8 + KT: score_rows(2, KT, qs, hd, kt, kds, j, s, ls); break;
@@ -80,8 +88,8 @@ static void score_group(int rr, int nk, const float* qs, int hd, const float* kt
 /* Weighted value sums of `rr` rows over keys [0, L): weights w + i * lw + j, value j's dimension d at
  * v[j * hd + d]; dimensions [d0, d0 + nv VL) of row i to o + i * hd (hd - d0 < nv VL: the last vector is
  * partial). With `sums`, each row's softmax sum (its weights added in key order) to sums[i]. */
-static inline __attribute__((always_inline)) void value_rows(int rr, int nv, const float* w, long lw, int L,
-                                                             const float* v, int hd, int d0, float* o,
+static inline __attribute__((always_inline)) void value_rows(int rr, int nv, int whole, const float* w, long lw,
+                                                             int L, const float* v, int hd, int d0, float* o,
                                                              float* sums) {
     vf acc[RS][DV];
     float sum[RS];
@@ -93,10 +101,13 @@ static inline __attribute__((always_inline)) void value_rows(int rr, int nv, con
     for (int j = 0; j < L; j++) {
         const float* vj = v + (long)j * hd + d0;
         vf val[DV];
-        for (int u = 0; u < nv; u++) val[u] = (u < nv - 1 || part == VL) ? load(vj + u * VL) : load_part(vj + u * VL, part);
+        if (whole)
+            for (int u = 0; u < nv; u++) val[u] = load(vj + u * VL);
+        else
+            for (int u = 0; u < nv; u++) val[u] = (u < nv - 1 || part == VL) ? load(vj + u * VL) : load_part(vj + u * VL, part);
         for (int i = 0; i < rr; i++) {
             float e = w[i * lw + j];
-            vf ev = splat(e);
+            vf ev = bcast(e); /* a weight is never -0: splat's value */
             for (int u = 0; u < nv; u++) acc[i][u] = acc[i][u] + ev * val[u];
             sum[i] = sum[i] + e;
         }
@@ -114,12 +125,15 @@ static inline __attribute__((always_inline)) void value_rows(int rr, int nv, con
 
 static void value_group(int rr, int nv, const float* w, long lw, int L, const float* v, int hd, int d0, float* o,
                         float* sums) {
-    switch (rr * 8 + nv) {
-        case 4 * 8 + DV: value_rows(4, DV, w, lw, L, v, hd, d0, o, sums); break;
-        case 3 * 8 + DV: value_rows(3, DV, w, lw, L, v, hd, d0, o, sums); break;
-        case 2 * 8 + DV: value_rows(2, DV, w, lw, L, v, hd, d0, o, sums); break;
-        case 1 * 8 + DV: value_rows(1, DV, w, lw, L, v, hd, d0, o, sums); break;
-        default: value_rows(rr, nv, w, lw, L, v, hd, d0, o, sums); break;
+    int whole = hd - d0 >= nv * VL; /* every vector full */
+    switch ((rr * 8 + nv) * whole) {
+        case 6 * 8 + DV: value_rows(6, DV, 1, w, lw, L, v, hd, d0, o, sums); break;
+        case 5 * 8 + DV: value_rows(5, DV, 1, w, lw, L, v, hd, d0, o, sums); break;
+        case 4 * 8 + DV: value_rows(4, DV, 1, w, lw, L, v, hd, d0, o, sums); break;
+        case 3 * 8 + DV: value_rows(3, DV, 1, w, lw, L, v, hd, d0, o, sums); break;
+        case 2 * 8 + DV: value_rows(2, DV, 1, w, lw, L, v, hd, d0, o, sums); break;
+        case 1 * 8 + DV: value_rows(1, DV, 1, w, lw, L, v, hd, d0, o, sums); break;
+        default: value_rows(rr, nv, 0, w, lw, L, v, hd, d0, o, sums); break;
     }
 }
 
@@ -143,7 +157,10 @@ static void attend_rows(const float* q, long qh, long qr, int r0, int n, int T, 
     for (int i = 0; i < n; i++) {
         seen_end[i] = causal ? L - last + tok[i] : L;
         const float* qi = q + (long)((r0 + i) / T) * qh + (long)tok[i] * qr;
-        for (int d = 0; d < hd; d++) qs[(long)i * hd + d] = qi[d] * scale;
+        for (int d = 0; d < hd; d++) {
+            float x = qi[d] * scale;
+            qs[(long)i * hd + d] = x + 0.0f; /* what splat makes of it: -0 turns +0 */
+        }
     }
     /* scores, key tile by key tile; a partial last vector of keys reads a zero-padded copy */
     int full = L / VL * VL;
@@ -174,11 +191,22 @@ static void attend_rows(const float* q, long qh, long qr, int r0, int n, int T, 
                 if (!mi[j]) si[j] = -INFINITY;
         }
         for (int j = seen_end[i]; j < lv; j++) si[j] = -INFINITY;
-        vf m = ninf;
-        for (int j = 0; j < lv; j += VL) {
+        vf m = ninf, m1 = ninf, m2 = ninf, m3 = ninf; /* four running maxima: no chain of compares */
+        int j = 0;
+        for (; j + 4 * VL <= lv; j += 4 * VL) {
+            vf x0 = load(si + j), x1 = load(si + j + VL), x2 = load(si + j + 2 * VL), x3 = load(si + j + 3 * VL);
+            m = pick(x0 > m, x0, m);
+            m1 = pick(x1 > m1, x1, m1);
+            m2 = pick(x2 > m2, x2, m2);
+            m3 = pick(x3 > m3, x3, m3);
+        }
+        for (; j < lv; j += VL) {
             vf x = load(si + j);
             m = pick(x > m, x, m);
         }
+        m = pick(m1 > m, m1, m);
+        m2 = pick(m3 > m2, m3, m2);
+        m = pick(m2 > m, m2, m);
         float mx = -INFINITY;
         for (int l = 0; l < VL; l++) mx = m[l] > mx ? m[l] : mx;
         vf mv = splat(mx);
