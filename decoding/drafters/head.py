@@ -73,6 +73,9 @@ class HeadDrafter(Drafter):
         self.length = DraftLength(self.max_tokens, self.max_tokens, self.costs)
         # candidates after the first, kept where the ones before were rejected: a prior worth 4 tries
         self._retry_kept, self._retry_tried = 4 * RETRY_ACCEPTANCE, 4.0
+        # how the head's tree scores have predicted this request's accepted tokens: a prior worth 4
+        self._tree_kept, self._tree_expected = 4.0, 4.0
+        self._tree_scores = 0.0  # the last tree's expected tokens, by its scores
         self.vocab.reset()
         if self.hints is not None:
             self.hints.reset()
@@ -157,9 +160,11 @@ class HeadDrafter(Drafter):
         if self._last == "tree":
             assert self.tree is not None
             # fitted to the machine: as many nodes as the chain's ceiling, the pass size that pays here
+            fitted = self.costs is not None
             tree, steps = grow_tree(self.head, logits, feature, last - off, self.tree, max_tokens, self.vocab,
                                     self.hints.after if self.hints is not None else None,
-                                    max_nodes=self.length.maximum if self.costs is not None else None)
+                                    max_nodes=self.length.maximum if fitted else None,
+                                    keep=self._tree_size if fitted else None)
             self._tree_depth = tree.depth
             return Proposal(tokens=tree.tokens, sources=[self.name] * len(tree), model_drafted=steps + 1,
                             parents=tree.parents)
@@ -175,6 +180,18 @@ class HeadDrafter(Drafter):
 
         return draft_chain(self.name, logits, k, params, generator, grammar, step, self.vocab.ids,
                            self.head.config.target_vocab_size, self.min_peak)
+
+    def _tree_size(self, scores: list[float]) -> int:
+        """How many of a greedy tree's best nodes a pass verifies, given their scores (decreasing). A node's
+        score, the head's probability of its path, is its chance of being accepted were the head right;
+        scaled by how the scores have predicted this request's accepted tokens, it is the tokens the node
+        adds. The pass size with the most expected tokens per unit of cost (PassCosts.best_size) — none,
+        for a plain step, where the head is too unsure for its rows to pay."""
+        assert self.costs is not None
+        scale = self._tree_kept / self._tree_expected
+        size = self.costs.best_size([scale * s for s in scores]) - 1
+        self._tree_scores = sum(scores[:size])
+        return size
 
     def _sampled_tree(self, logits: torch.Tensor, feature: torch.Tensor, last: int, max_tokens: int,
                       params: SamplingParams, generator: torch.Generator) -> Proposal:
@@ -217,6 +234,8 @@ class HeadDrafter(Drafter):
             self.length.record(num_accepted, int(num_accepted < num_proposed))  # candidates, kept or not
         elif self._last == "tree":  # a tree's size does not follow the chain's schedule; its acceptance counts
             self.length.record(num_accepted, num_accepted < self._tree_depth)
+            self._tree_kept += num_accepted
+            self._tree_expected += self._tree_scores
         elif self._last == "chain":
             self.length.update(num_proposed, num_accepted)
         # "counted": observe_candidates already counted every candidate of the sampled tree

@@ -94,12 +94,14 @@ def expand_nodes(head: DraftHead, nodes: list[Node], expand: list[int], slot: in
 def grow_tree(head: DraftHead, logits: torch.Tensor, feature: torch.Tensor, last: int, shape: TreeShape,
               max_depth: int, vocab: ContextVocab,
               hint: Callable[[list[int]], torch.Tensor] | None = None,
-              max_nodes: int | None = None) -> tuple[TokenTree, int]:
+              max_nodes: int | None = None,
+              keep: Callable[[list[float]], int] | None = None) -> tuple[TokenTree, int]:
     """logits: (Vd + n,) the head's for the first draft, over `vocab.ids`; feature: (1, D) its predicted
     feature of the position before; the drafts start at position and cache slot `last`. `hint` gives
     the copy hint (1, 2) after a path of draft tokens, for heads that read one. `max_nodes` caps the
     shape's nodes (and so its depth): what a pass can carry and pay for on this machine (DraftLength).
-    -> (tree, head steps run)."""
+    `keep` says how many of the best nodes (their scores, decreasing) the pass verifies; without it, all
+    up to the cap. -> (tree, head steps run)."""
     nodes_cap = shape.nodes if max_nodes is None else min(shape.nodes, max_nodes)
     max_depth = min(max_depth, nodes_cap)
     ids = vocab.ids
@@ -132,6 +134,8 @@ def grow_tree(head: DraftHead, logits: torch.Tensor, feature: torch.Tensor, last
     # the best nodes; ties go to the shallower (so a parent before a child with its score), then older
     ranked = sorted(range(len(nodes)), key=lambda i: (-nodes[i].score, nodes[i].depth, i))
     chosen = ranked[:nodes_cap]
+    if keep is not None:
+        chosen = chosen[: keep([nodes[i].score for i in chosen])]
     order = sorted(chosen, key=lambda i: (nodes[i].depth, i))  # breadth first: parents before children
     renumber = {old: new for new, old in enumerate(order)}
     tokens_out = [nodes[i].token for i in order]

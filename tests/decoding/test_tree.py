@@ -10,6 +10,7 @@ from decoding import kernels
 from decoding.drafters import HeadDrafter
 from decoding.drafters.context_vocab import ContextVocab
 from decoding.drafters.head_tree import TreeShape, grow_tree
+from decoding.pass_costs import PassCosts
 from decoding.sampling import SamplingParams
 from decoding.tree import TokenTree, verify_tree
 from tests.conftest import TinyFactory
@@ -117,3 +118,28 @@ def test_head_drafter_proposes_a_tree_and_its_first_branch_as_a_chain(tiny_model
     path = TokenTree(proposal.tokens, proposal.parents).first_path()
     assert chain.parents is None and chain.tokens == [proposal.tokens[i] for i in path]
     assert len(chain) >= 2
+
+
+def test_a_fitted_head_verifies_only_the_nodes_whose_scores_pay_for_their_rows(tiny_model: TinyFactory) -> None:
+    target = tiny_model(vocab_size=64, dtype=torch.float32, seed=1, logit_scale=2.0)
+    head = trained_head(target, "eagle")
+
+    def fitted(costs: PassCosts) -> tuple[HeadDrafter, int]:
+        drafter = HeadDrafter(head, max_tokens=6, tree=TreeShape(nodes=6, min_score=0.0))
+        drafter.fit(costs)
+        drafter.reset()
+        drafter.prepare(64)
+        drafter.observe_features(0, torch.randn(4, target.model.args.dim))
+        proposal = drafter.propose([0, 3, 4, 5], 6, SamplingParams(temperature=0.0), torch.Generator())
+        return drafter, len(proposal)
+
+    assert fitted(PassCosts(relative=(1.0,) * 7))[1] == 6  # rows cost nothing: every node pays
+    # a second row costs two more steps: no tree's expected tokens pay for it, so a plain step
+    assert fitted(PassCosts(relative=(1.0, 3.0, 3.5, 4.0, 4.5, 5.0, 5.5)))[1] == 0
+    drafter, _ = fitted(PassCosts(relative=(1.0, 1.3, 1.4, 1.5, 1.6, 1.7, 1.8)))
+    scores = [0.9, 0.8, 0.7, 0.01, 0.01, 0.01]  # decreasing, as the tree ranks its nodes
+    assert drafter._tree_size(scores) == 3  # the likely nodes pay for their rows, the unlikely do not
+    assert drafter._tree_size([]) == 0
+    # a request whose trees kept far fewer tokens than their scores promised: the same scores, no pass
+    drafter._tree_kept, drafter._tree_expected = 1.0, 20.0
+    assert drafter._tree_size(scores) == 0
