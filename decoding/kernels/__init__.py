@@ -123,6 +123,8 @@ def _library() -> ctypes.CDLL | None:
     lib.exact_layer.restype = ctypes.c_int
     lib.exact_layer_scratch.argtypes = [i, n, n, n, n]
     lib.exact_layer_scratch.restype = n
+    lib.exact_layers.argtypes = [p, i, n, f, i, p, n, n, i, i, i, f, p, p, i, p, i, p, i]
+    lib.exact_layers.restype = ctypes.c_int
     log.info("exact float32 attention: %s (exact linear layers: %s)", lib._name,
              "yes" if lib.exact_linear_available() else "no, the CPU lacks AVX512-BF16")
     return lib
@@ -342,5 +344,68 @@ def exact_layer(x: torch.Tensor, w: LayerWeights, cos: torch.Tensor, sin: torch.
         w.w2.data_ptr(), w.n_heads, w.n_kv_heads, hd, f(hd**-0.5), cos.data_ptr(), sin.data_ptr(), keys.data_ptr(),
         keys.stride(1), keys.stride(2), values.data_ptr(), values.stride(1), start, _mask_bytes(mask, t, end),
         int(causal), scratch, torch.get_num_threads())
+    _check(status)
+    return out
+
+
+class _LayerEntry(ctypes.Structure):
+    """exact_layer.c's `layer_table`: one layer's weights and cache."""
+
+    _fields_ = [("n1", ctypes.c_void_p), ("n2", ctypes.c_void_p), ("wqkv", ctypes.c_void_p), ("bqkv", ctypes.c_void_p),
+                ("wo", ctypes.c_void_p), ("w13", ctypes.c_void_p), ("w2", ctypes.c_void_p), ("kt", ctypes.c_void_p),
+                ("khs", ctypes.c_long), ("kds", ctypes.c_long), ("v", ctypes.c_void_p), ("vhs", ctypes.c_long)]
+
+
+class LayerTable:
+    """A model's layers as one `exact_layers` call reads them: every layer's weights and its cache's keys
+    (1, nkv, hd, S) and values (1, nkv, S, hd), float32. It holds the tensors it points into; `matches`
+    tells whether it still describes these layers (a new cache means a new table)."""
+
+    def __init__(self, weights: list[LayerWeights], caches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        first = weights[0]
+        for w in weights:
+            assert (w.eps, w.qkv_width, w.intermediate, w.n_heads, w.n_kv_heads, w.head_dim, w.scratch) == (
+                first.eps, first.qkv_width, first.intermediate, first.n_heads, first.n_kv_heads, first.head_dim,
+                first.scratch), "one table's layers share their shapes, eps and scratch"
+        for keys, values in caches:
+            assert keys.dtype == values.dtype == torch.float32 and keys.is_contiguous() and values.is_contiguous()
+        self.weights, self.caches = weights, caches
+        entries = (_LayerEntry * len(weights))()
+        for entry, w, (keys, values) in zip(entries, weights, caches, strict=True):
+            entry.n1, entry.n2 = w.norm1.data_ptr(), w.norm2.data_ptr()
+            entry.wqkv, entry.wo = w.wqkv.data_ptr(), w.wo.data_ptr()
+            entry.w13, entry.w2 = w.w13.data_ptr(), w.w2.data_ptr()
+            entry.bqkv = None if w.qkv_bias is None else w.qkv_bias.data_ptr()
+            entry.kt, entry.khs, entry.kds = keys.data_ptr(), keys.stride(1), keys.stride(2)
+            entry.v, entry.vhs = values.data_ptr(), values.stride(1)
+        self.entries = entries
+        self.max_positions = min(min(k.shape[3], v.shape[2]) for k, v in caches)
+
+    def matches(self, weights: list[LayerWeights], caches: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:
+        return len(weights) == len(self.weights) and all(
+            w is w0 and k is k0 and v is v0
+            for w, w0, (k, v), (k0, v0) in zip(weights, self.weights, caches, self.caches, strict=True))
+
+
+def exact_layers(x: torch.Tensor, table: LayerTable, cos: torch.Tensor, sin: torch.Tensor, start: int,
+                 mask: torch.Tensor | None = None, causal: bool = False) -> torch.Tensor:
+    """Every layer of `table` in one call (exact_layer.c, `exact_layers`): x (1, T, D) float32 -> the
+    residual stream after the last, the bits of `exact_layer` called layer by layer."""
+    lib = _library()
+    assert lib is not None, "exact_layers needs the kernel: check available()"
+    _, t, d = x.shape
+    w = table.weights[0]
+    hd = w.head_dim
+    end = start + t
+    assert x.dtype == torch.float32 and cos.dtype == sin.dtype == torch.float32 and cos.shape == sin.shape == (t, hd)
+    assert cos.is_contiguous() and sin.is_contiguous() and end <= table.max_positions
+    out = x.contiguous().clone()  # (1, T, D) updated in place, layer after layer
+    mask = None if mask is None else mask.contiguous()
+    f = ctypes.c_float
+    scratch = w.scratch.at_least(lib.exact_layer_scratch(t, d, w.qkv_width, w.n_heads * hd, w.intermediate))
+    status = lib.exact_layers(
+        out.data_ptr(), t, d, f(w.eps), len(table.weights), ctypes.addressof(table.entries), w.qkv_width,
+        w.intermediate, w.n_heads, w.n_kv_heads, hd, f(hd**-0.5), cos.data_ptr(), sin.data_ptr(), start,
+        _mask_bytes(mask, t, end), int(causal), scratch, torch.get_num_threads())
     _check(status)
     return out

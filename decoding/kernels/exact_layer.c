@@ -75,3 +75,31 @@ int exact_layer(float *x, int t, long d, float eps, const float *n1, const float
   add_rows(x, f, t, d, threads);
   return 0;
 }
+
+/* One layer's own weights and cache, as exact_layers reads them (kernels.LayerTable builds them). */
+typedef struct {
+  const float *n1, *n2;
+  const uint16_t *wqkv;
+  const float *bqkv;
+  const uint16_t *wo, *w13, *w2;
+  float *kt;
+  long khs, kds;
+  float *v;
+  long vhs;
+} layer_table;
+
+/* Layers [0, n) one after another, each exact_layer with its own weights and cache and everything else
+ * shared (the same shapes, rotation, positions and mask): a pass's ~30 calls from Python, ~12 us each
+ * of argument conversion and checks, become one. The same calls, so the same bits. */
+int exact_layers(float *x, int t, long d, float eps, int n, const layer_table *layers, long nqkv, long inter,
+                 int nh, int nkv, int hd, float scale, const float *cos, const float *sin, int start,
+                 const uint8_t *mask, int causal, void *scratch, int threads) {
+  for (int i = 0; i < n; i++) {
+    const layer_table *l = &layers[i];
+    int status = exact_layer(x, t, d, eps, l->n1, l->n2, l->wqkv, nqkv, l->bqkv, l->wo, l->w13, inter, l->w2, nh, nkv,
+                             hd, scale, cos, sin, l->kt, l->khs, l->kds, l->v, l->vhs, start, mask, causal, scratch,
+                             threads);
+    if (status) return status;
+  }
+  return 0;
+}

@@ -145,3 +145,29 @@ def test_a_layer_in_one_call_gives_the_bits_of_its_kernels_called_one_by_one(
     got = kernels.exact_layer(x, w, cos, sin, cache.k_storage, cache.v, start, mask, causal=kind == "prompt")
     assert torch.equal(got, want)
     assert torch.equal(cache.k_storage, keys) and torch.equal(cache.v, values)  # the same cache written
+
+
+def test_every_layer_in_one_call_gives_the_bits_of_the_layers_called_one_by_one(
+        tiny_model: TinyFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    def passes(model: torch.nn.Module) -> list[torch.Tensor]:
+        model.setup_cache(8)
+        out = [*model.forward_hidden(torch.tensor([0, 5, 9, 3, 3, 41]), 0)]  # a prompt
+        out += [*model.forward_hidden(torch.tensor([7]), 6)]  # a step
+        model.setup_cache(32)  # grown: new caches holding the old, so a new table
+        out += [*model.forward_hidden(torch.tensor([2, 8, 8, 1]), 7)]  # a verify pass (its causal mask)
+        return [*out, *(t for block in model.blocks for t in (block.attention.kv_cache.k_storage,
+                                                             block.attention.kv_cache.v))]
+
+    one = tiny_model(vocab_size=50, dtype=torch.bfloat16, seed=8).model
+    assert one.use_exact_linears()
+    calls: list[int] = []  # rows of each exact_layers call
+    inner = kernels.exact_layers
+    monkeypatch.setattr(kernels, "exact_layers", lambda x, *a, **k: calls.append(x.shape[1]) or inner(x, *a, **k))
+    together = passes(one)
+    assert calls == [6, 1, 4]  # every pass was one call
+    apart = tiny_model(vocab_size=50, dtype=torch.bfloat16, seed=8).model
+    assert apart.use_exact_linears()
+    monkeypatch.setattr(type(apart), "layer_table", lambda self: None)  # layer by layer
+    separate = passes(apart)
+    assert calls == [6, 1, 4]
+    assert all(torch.equal(a, b) for a, b in zip(together, separate, strict=True))
