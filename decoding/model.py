@@ -375,6 +375,7 @@ class Transformer(nn.Module):
                 cache.keep(before)
             layer.attention.kv_cache = cache
             layer.attention.exact_kernel = kernel
+        self._table = None  # new caches: a new table
         if not grown:
             self.cache_version += 1  # what the cache held is gone
         cos, sin = rope_tables(self.args, rope_dtype)
@@ -437,17 +438,18 @@ class Transformer(nn.Module):
     def layer_table(self) -> kernels.LayerTable | None:
         """The blocks as one `kernels.exact_layers` call reads them, where each block would run as one
         `exact_layer` call (else None): a pass's ~30 calls from Python, ~12 us each of wrappers and checks
-        (~0.36 ms of a ~5.4 ms step), become one. Rebuilt when a cache or a block's weights change."""
-        weights, caches = [], []
-        for block in self.blocks:
-            cache = block.attention.kv_cache
-            if block.exact_weights is None or not block.attention.exact_kernel or cache is None:
+        (~0.36 ms of a ~5.4 ms step), become one. Built once, and again after `setup_cache` or
+        `use_exact_linears` (what replaces the blocks' caches, kernel flags or weights)."""
+        if self._table is None:
+            weights, caches = [], []
+            for block in self.blocks:
+                cache = block.attention.kv_cache
+                if block.exact_weights is None or not block.attention.exact_kernel or cache is None:
+                    return None
+                weights.append(block.exact_weights)
+                caches.append((cache.k_storage, cache.v))
+            if not weights:
                 return None
-            weights.append(block.exact_weights)
-            caches.append((cache.k_storage, cache.v))
-        if not weights:
-            return None
-        if self._table is None or not self._table.matches(weights, caches):
             self._table = kernels.LayerTable(weights, caches)
         return self._table
 
@@ -458,6 +460,7 @@ class Transformer(nn.Module):
         CPU. Their outputs are float32 (the accumulators, never rounded to bf16), and the blocks' norms
         before them run through the kernel too (each ~2 us against ~25 for torch's ops). All layers or
         none: returns whether it took them."""
+        self._table = None
         return take_exact_linears(self, self.blocks)
 
     def keep_path(self, start: int, rows: list[int]) -> None:

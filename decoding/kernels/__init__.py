@@ -358,8 +358,8 @@ class _LayerEntry(ctypes.Structure):
 
 class LayerTable:
     """A model's layers as one `exact_layers` call reads them: every layer's weights and its cache's keys
-    (1, nkv, hd, S) and values (1, nkv, S, hd), float32. It holds the tensors it points into; `matches`
-    tells whether it still describes these layers (a new cache means a new table)."""
+    (1, nkv, hd, S) and values (1, nkv, S, hd), float32. It holds the tensors it points into; a new cache
+    needs a new table (Transformer.layer_table)."""
 
     def __init__(self, weights: list[LayerWeights], caches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         first = weights[0]
@@ -380,11 +380,6 @@ class LayerTable:
             entry.v, entry.vhs = values.data_ptr(), values.stride(1)
         self.entries = entries
         self.max_positions = min(min(k.shape[3], v.shape[2]) for k, v in caches)
-
-    def matches(self, weights: list[LayerWeights], caches: list[tuple[torch.Tensor, torch.Tensor]]) -> bool:
-        return len(weights) == len(self.weights) and all(
-            w is w0 and k is k0 and v is v0
-            for w, w0, (k, v), (k0, v0) in zip(weights, self.weights, caches, self.caches, strict=True))
 
 
 def exact_layers(x: torch.Tensor, table: LayerTable, cos: torch.Tensor, sin: torch.Tensor, start: int,
