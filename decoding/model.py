@@ -422,10 +422,11 @@ class Transformer(nn.Module):
         table = None if feature_layers else self.layer_table()
         if table is not None:  # every block in one kernel call: the bits of the loop below
             x = kernels.exact_layers(x, table, cos, sin, start, mask, causal=is_prompt_pass(t, start, mask))
-        for i, layer in enumerate(self.blocks if table is None else []):
-            x = layer(x, cos, sin, start, mask)
-            if i in feature_layers:
-                taps.append(unit_rms(x[0]))  # (T, D) in the residual dtype, as the final state
+        else:
+            for i, layer in enumerate(self.blocks):
+                x = layer(x, cos, sin, start, mask)
+                if i in feature_layers:
+                    taps.append(unit_rms(x[0]))  # (T, D) in the residual dtype, as the final state
         hidden = self.norm(x, out_dtype=self.residual_dtype)[0]  # (T, D) final hidden state, float32
         h = hidden[-1:] if last_only else hidden  # (T or 1, D)
         logits = self.output(h.to(self.dtype))  # (T or 1, V); float32 from exact linear layers
