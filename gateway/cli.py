@@ -52,7 +52,8 @@ def _generate(args: argparse.Namespace) -> int:
     response_format = None
     if args.json_schema:
         schema = _read_json(args.json_schema, "--json-schema")
-        response_format = {"type": "json_schema", "json_schema": {"name": "output", "schema": schema, "strict": True}}
+        response_format = {"type": "json_schema",
+                           "json_schema": {"name": "output", "schema": schema, "strict": not args.not_strict}}
     elif args.json_object:
         response_format = {"type": "json_object"}
     parse_response_format(response_format)
@@ -316,6 +317,9 @@ def build_parser() -> argparse.ArgumentParser:
     shape = gen.add_mutually_exclusive_group()
     shape.add_argument("--json-schema", default=None, metavar="FILE", help="constrain the output to this JSON schema")
     shape.add_argument("--json-object", action="store_true", help="constrain the output to a JSON object")
+    gen.add_argument("--not-strict", action="store_true",
+                     help='with --json-schema: "strict": false, keywords the backend cannot enforce are validated '
+                          "after generation instead of refused")
     gen.add_argument("--backend", default="outlines", choices=["outlines", "xgrammar"], help="constraint backend")
     gen.set_defaults(func=_generate)
 

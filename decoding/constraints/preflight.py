@@ -128,7 +128,8 @@ def preflight(schema: Any, backend: str, allow_validate_after: bool = False) -> 
         names = ", ".join(str(m) for m in missing)
         raise UnsupportedKeywordError(f"the {backend} backend does not enforce {names}; send the schema with "
                                       '"strict": false to generate under what it does enforce and validate '
-                                      "the output against the whole schema after")
+                                      'the output against the whole schema after (a schema that names no "strict" '
+                                      "counts as strict here: draftgate enforces every schema it can)")
     return missing
 
 
