@@ -120,6 +120,8 @@ def unsupported(request: ChatCompletionRequest) -> RequestError | None:
         if not is_no_op(value):
             return RequestError(f"'{name}' = {json.dumps(value)} cannot be honoured: {why}", name,
                                 "unsupported_parameter")
+    if request.stream_options is not None and not request.stream:  # as OpenAI: options of a stream not asked for
+        return RequestError("'stream_options' is only allowed when 'stream' is true", "stream_options", "invalid_value")
     if isinstance(request.stop, list) and len(request.stop) > 4:
         return RequestError("'stop' takes at most 4 sequences", "stop", "invalid_value")
     if "" in request.stop_sequences:
