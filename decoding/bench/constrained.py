@@ -130,17 +130,18 @@ class ConstrainedReport:
     failures: list[str]  # "backend config id: reason" for each output that was not complete and valid, or not run
 
     def table(self) -> str:
-        head = (f"{'backend':9} {'config':16} {'tok/s':>7} {'speedup':>7} {'decode':>7} {'speedup':>7} {'valid':>7} "
-                f"{'same':>7} {'accept':>6} "
+        width = max([16, *(len(r.name) for r in self.rows)])  # grammar+ngram+draft is 19
+        head = (f"{'backend':9} {'config':{width}} {'tok/s':>7} {'speedup':>7} {'decode':>7} {'speedup':>7} "
+                f"{'valid':>7} {'same':>7} {'accept':>6} "
                 f"{'mean_len':>8} {'mask µs/tok':>11} {'mask share':>10}")
         lines = ["constrained (tool calls and schema outputs)", head, "-" * len(head)]
         for r in self.rows:
             lines.append(
-                f"{r.backend:9} {r.name:16} {r.tokens_per_s:7.1f} {r.speedup:6.2f}x {r.decode_tokens_per_s:7.1f} "
+                f"{r.backend:9} {r.name:{width}} {r.tokens_per_s:7.1f} {r.speedup:6.2f}x {r.decode_tokens_per_s:7.1f} "
                 f"{r.decode_speedup:6.2f}x {r.valid:>3}/{r.requests:<3} "
                 f"{r.identical:>3}/{r.requests:<3} {r.stats.acceptance_rate:6.2f} "
                 f"{r.stats.mean_acceptance_length:8.2f} "
-                f"{r.grammar_us_per_token:11.0f} {r.grammar_share:9.1%}")
+                f"{r.grammar_us_per_token:11.0f} {r.grammar_share:10.1%}")
         lines.append("")
         lines.append(f"{'backend':9} {'schemas':>7} {'compile p50':>11} {'p99':>9} {'max':>9}  gave up")
         for c in self.compile_times:
