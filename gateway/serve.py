@@ -9,6 +9,7 @@ import socket
 import sys
 
 from gateway.app import create_app
+from gateway.auth import KeyCheck, NoKeysError
 from gateway.state import GatewayState
 from policies.loader import load_policy
 
@@ -41,7 +42,11 @@ def serve(policy_path: str | None, host: str, port: int) -> int:
     import uvicorn
 
     policy = load_policy(policy_path)
-    check_port_free(host, port)  # loading the models takes a while: fail first
+    try:  # loading the models takes a while: fail first, naming the file
+        KeyCheck.from_policy(policy.auth)
+    except NoKeysError as exc:
+        raise NoKeysError(f"{policy_path or 'policies/default.yaml'}: auth: {exc}") from None
+    check_port_free(host, port)
     print(f"draftgate: loading {', '.join(r.model for r in policy.routes)} ...", file=sys.stderr, flush=True)
     state = GatewayState.build(policy)
     if state.keys.dev:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -34,6 +35,19 @@ def test_serving_on_a_taken_port_fails_before_loading_the_model() -> None:
         proc = _draftgate("serve", "--port", str(port), timeout=60)
     assert proc.returncode == 2
     assert f"cannot serve on 127.0.0.1:{port}" in proc.stderr and "in use" in proc.stderr
+    assert "loading" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_serving_without_keys_outside_dev_mode_names_the_policy_before_loading(tmp_path: Path) -> None:
+    policy = tmp_path / "closed.yaml"
+    policy.write_text(Path(__file__).resolve().parents[2].joinpath("policies", "default.yaml").read_text()
+                      .replace("auth: {dev: true}", "auth: {dev: false}"))
+    env = {k: v for k, v in os.environ.items() if k != "DRAFTGATE_API_KEYS"}
+    proc = subprocess.run([sys.executable, "-m", "gateway.cli", "serve", "--policy", str(policy), "--port", "0"],
+                          capture_output=True, text=True, timeout=60, env=env,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 2
+    assert f"{policy}: auth: no API keys" in proc.stderr and "DRAFTGATE_API_KEYS" in proc.stderr, proc.stderr
     assert "loading" not in proc.stderr and "Traceback" not in proc.stderr
 
 
