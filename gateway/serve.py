@@ -11,7 +11,7 @@ import sys
 from gateway.app import create_app
 from gateway.auth import KeyCheck, NoKeysError
 from gateway.state import GatewayState
-from policies.loader import load_policy
+from policies.loader import load_policy, policy_source
 
 log = logging.getLogger(__name__)
 
@@ -43,12 +43,12 @@ def serve(policy_path: str | None, host: str, port: int) -> int:
 
     policy = load_policy(policy_path)
     try:  # loading the models takes a while: fail first, naming the file
-        KeyCheck.from_policy(policy.auth)
+        keys = KeyCheck.from_policy(policy.auth)
     except NoKeysError as exc:
-        raise NoKeysError(f"{policy_path or 'policies/default.yaml'}: auth: {exc}") from None
+        raise NoKeysError(f"{policy_source(policy_path)}: auth: {exc}") from None
     check_port_free(host, port)
     print(f"draftgate: loading {', '.join(r.model for r in policy.routes)} ...", file=sys.stderr, flush=True)
-    state = GatewayState.build(policy)
+    state = GatewayState.build(policy, keys)
     if state.keys.dev:
         print("draftgate: dev mode: no API key configured, any key is accepted", file=sys.stderr)
         if host not in ("127.0.0.1", "localhost", "::1"):

@@ -38,8 +38,9 @@ class GatewayState:
     started: int = field(default_factory=lambda: int(time.time()))
 
     @classmethod
-    def build(cls, policy: Policy) -> GatewayState:
-        state = cls(policy, KeyCheck.from_policy(policy.auth))
+    def build(cls, policy: Policy, keys: KeyCheck | None = None) -> GatewayState:
+        """The gateway for `policy`, its local models loaded; `keys` as the policy's, if already checked."""
+        state = cls(policy, keys if keys is not None else KeyCheck.from_policy(policy.auth))
         for route in policy.routes:
             upstream = route.upstream
             if upstream is not None and upstream.api_key_env and not os.environ.get(upstream.api_key_env):

@@ -141,13 +141,18 @@ def parse_policy(text: str, source: str) -> Policy:
     return policy
 
 
+def policy_source(path: str | Path | None = None) -> str:
+    """How errors name the policy at `path` (None: the shipped default)."""
+    return f"policies/{DEFAULT_POLICY}" if path is None else str(path)
+
+
 def load_policy(path: str | Path | None = None) -> Policy:
     """The policy at `path`, or the shipped default (`policies/default.yaml`)."""
     if path is None:
         text = resources.files("policies").joinpath(DEFAULT_POLICY).read_text(encoding="utf-8")
-        return parse_policy(text, f"policies/{DEFAULT_POLICY}")
+        return parse_policy(text, policy_source())
     try:
         text = Path(path).read_text(encoding="utf-8")
     except OSError as exc:
-        raise PolicyError(str(path), None, "", f"cannot read the policy file: {exc.strerror or exc}") from exc
-    return parse_policy(text, str(path))
+        raise PolicyError(policy_source(path), None, "", f"cannot read the policy file: {exc.strerror or exc}") from exc
+    return parse_policy(text, policy_source(path))
