@@ -101,41 +101,11 @@ def test_without_the_kernel_prompts_are_read_whole(tiny_model: TinyFactory, monk
     assert run(engine, PROMPT).stats.cached_prompt_tokens == 0
 
 
-def test_the_head_keeps_its_pairs_for_the_next_turn_unless_another_drafter_stepped_it(
-        tiny_model: TinyFactory) -> None:
-    model = target(tiny_model)
-    engine = speculative(model)
+def spied_head(engine: Engine) -> tuple[HeadDrafter, list[tuple[int, int]]]:
+    """The engine's head drafter, and the (first cache slot, rows) of each of its head's steps from now on."""
     drafter = engine.drafter.drafters[1]  # type: ignore[union-attr]
     assert isinstance(drafter, HeadDrafter)
-    rows: list[int] = []  # the rows of each head step, in order
-    inner = drafter.head.step
-
-    def spy(tokens: torch.Tensor, *args: object, **kwargs: object) -> tuple[torch.Tensor, torch.Tensor]:
-        rows.append(int(tokens.shape[0]))
-        return inner(tokens, *args, **kwargs)  # type: ignore[arg-type]
-
-    drafter.head.step = spy  # type: ignore[method-assign]
-    first = run(engine, PROMPT)
-    assert rows[0] >= len(PROMPT) - 1  # the first proposal caught up over the whole prompt
-    turn = [*PROMPT, *first.token_ids, 5, 17, 3]
-    rows.clear()
-    run(engine, turn)
-    assert rows and rows[0] <= len(turn) - len(PROMPT)  # only past the pairs it kept from the last turn
-    other = HeadDrafter(drafter.head, max_tokens=2)  # another drafter steps the same head
-    other.prepare(64)
-    other.observe_features(0, torch.randn(4, drafter.head.config.feature_width))
-    other.propose([0, 7, 2, 9, 11], 2, SamplingParams(), torch.Generator().manual_seed(0))
-    rows.clear()
-    run(engine, [*turn, 8, 6])
-    assert rows[0] >= len(turn) - 1  # its pairs may be gone: it caught up from the start
-
-
-def test_a_head_with_a_reach_catches_up_over_the_latest_pairs_only(tiny_model: TinyFactory) -> None:
-    model = target(tiny_model)
-    engine = speculative(model, reach=5)
-    drafter = engine.drafter.drafters[1]  # type: ignore[union-attr]
-    assert isinstance(drafter, HeadDrafter)
-    steps: list[tuple[int, int]] = []  # (first cache slot, rows) of each head step, in order
+    steps: list[tuple[int, int]] = []
     inner = drafter.head.step
 
     def spy(tokens: torch.Tensor, features: torch.Tensor | None, start: int,
@@ -144,6 +114,33 @@ def test_a_head_with_a_reach_catches_up_over_the_latest_pairs_only(tiny_model: T
         return inner(tokens, features, start, *args, **kwargs)  # type: ignore[arg-type]
 
     drafter.head.step = spy  # type: ignore[method-assign]
+    return drafter, steps
+
+
+def test_the_head_keeps_its_pairs_for_the_next_turn_unless_another_drafter_stepped_it(
+        tiny_model: TinyFactory) -> None:
+    model = target(tiny_model)
+    engine = speculative(model)
+    drafter, steps = spied_head(engine)
+    first = run(engine, PROMPT)
+    assert steps[0][1] >= len(PROMPT) - 1  # the first proposal caught up over the whole prompt
+    turn = [*PROMPT, *first.token_ids, 5, 17, 3]
+    steps.clear()
+    run(engine, turn)
+    assert steps and steps[0][1] <= len(turn) - len(PROMPT)  # only past the pairs it kept from the last turn
+    other = HeadDrafter(drafter.head, max_tokens=2)  # another drafter steps the same head
+    other.prepare(64)
+    other.observe_features(0, torch.randn(4, drafter.head.config.feature_width))
+    other.propose([0, 7, 2, 9, 11], 2, SamplingParams(), torch.Generator().manual_seed(0))
+    steps.clear()
+    run(engine, [*turn, 8, 6])
+    assert steps[0][1] >= len(turn) - 1  # its pairs may be gone: it caught up from the start
+
+
+def test_a_head_with_a_reach_catches_up_over_the_latest_pairs_only(tiny_model: TinyFactory) -> None:
+    model = target(tiny_model)
+    engine = speculative(model, reach=5)
+    _, steps = spied_head(engine)
     first = run(engine, PROMPT)
     assert first.stats.accepted_tokens > 0
     assert steps[0] == (0, 5)  # the prompt's latest 5 pairs, from the head's first slot
