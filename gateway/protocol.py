@@ -120,6 +120,10 @@ def unsupported(request: ChatCompletionRequest) -> RequestError | None:
         if not is_no_op(value):
             return RequestError(f"'{name}' = {json.dumps(value)} cannot be honoured: {why}", name,
                                 "unsupported_parameter")
+    if request.max_tokens is not None and request.max_completion_tokens is not None:  # as OpenAI refuses it
+        return RequestError("setting 'max_tokens' and 'max_completion_tokens' at the same time is not supported: "
+                            "'max_tokens' is the deprecated name of 'max_completion_tokens'", "max_tokens",
+                            "invalid_parameter_combination")
     if request.stream_options is not None and not request.stream:  # as OpenAI: options of a stream not asked for
         return RequestError("'stream_options' is only allowed when 'stream' is true", "stream_options", "invalid_value")
     if isinstance(request.stop, list) and len(request.stop) > 4:

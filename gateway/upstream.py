@@ -139,6 +139,40 @@ def openai_shape(body: dict[str, Any]) -> dict[str, Any]:
     return body
 
 
+def chunk_shape(body: dict[str, Any], include_usage: bool) -> dict[str, Any]:
+    """A streamed chunk from litellm (dumped without its nulls) in OpenAI's chunk shape, as a local route
+    streams it: `finish_reason` and `logprobs` on every choice, `system_fingerprint` on every chunk, and
+    `usage` on every chunk (null but on the usage chunk) when the client asked for usage."""
+    body = openai_shape(body)
+    body.pop("provider_specific_fields", None)
+    body.setdefault("system_fingerprint", None)
+    for choice in body.get("choices") or []:
+        choice.setdefault("finish_reason", None)
+        choice.setdefault("logprobs", None)
+    if include_usage:
+        body.setdefault("usage", None)
+    return body
+
+
+def _watch_extras(response: Any) -> list[dict[str, Any]]:
+    """Fields the provider put on its chunks beyond OpenAI's (a draftgate upstream's `draftgate` object),
+    which litellm's chunks drop: read off the provider's own chunks as litellm consumes them, in order."""
+    seen: list[dict[str, Any]] = []
+    raw = getattr(response, "completion_stream", None)
+    if raw is None or not hasattr(raw, "__aiter__"):
+        return seen
+
+    async def watched() -> AsyncIterator[Any]:
+        async for chunk in raw:
+            extra = getattr(chunk, "model_extra", None)
+            if extra:
+                seen.append(dict(extra))
+            yield chunk
+
+    response.completion_stream = watched()
+    return seen
+
+
 def _litellm() -> Any:
     import litellm
 
@@ -187,12 +221,14 @@ async def complete(route: UpstreamRoute, model: str, messages: list[dict[str, An
 
 async def stream(route: UpstreamRoute, model: str, messages: list[dict[str, Any]],
                  params: dict[str, Any], timeout_s: float | None = None) -> AsyncIterator[dict[str, Any]]:
-    """The provider's chunks, renamed to the route's model. The first is awaited before this returns
-    its iterator, so a refused request is an HTTP error, not a stream that fails."""
+    """The provider's chunks, renamed to the route's model, in a local route's chunk shape and with the
+    provider's own extra fields kept. The first is awaited before this returns its iterator, so a refused
+    request is an HTTP error, not a stream that fails."""
     litellm = _litellm()
-
+    include_usage = bool((params.get("stream_options") or {}).get("include_usage"))
     try:
         response = await litellm.acompletion(**_call_args(route, messages, {**params, "stream": True}, timeout_s))
+        extras = _watch_extras(response)
         iterator = response.__aiter__()
         first = await iterator.__anext__()
     except StopAsyncIteration:
@@ -207,7 +243,9 @@ async def stream(route: UpstreamRoute, model: str, messages: list[dict[str, Any]
         while pending is not None:
             body: dict[str, Any] = pending.model_dump(exclude_none=True)
             body["model"] = model
-            yield openai_shape(body)
+            while extras:  # on the chunk litellm made of the provider's chunk that carried them
+                body.update({k: v for k, v in extras.pop(0).items() if k not in body})
+            yield chunk_shape(body, include_usage)
             try:
                 pending = await iterator.__anext__()
             except StopAsyncIteration:

@@ -46,6 +46,7 @@ def test_an_upstream_route_gives_what_the_upstream_gives(gateway_url: str, upstr
     chunks = list(stream)
     assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == want.choices[0].message.content
     assert any(c.usage is not None for c in chunks)
+    assert chunks[-1].model_extra and "target_passes" in chunks[-1].model_extra["draftgate"]  # the upstream's own
 
 
 def test_an_upstream_refusal_comes_back_in_the_envelope(gateway_url: str) -> None:

@@ -45,6 +45,7 @@ def envelope(response: httpx.Response) -> dict[str, Any]:
     ({**OK, "seed": 2**64, "temperature": 1}, 400, "invalid_value", "seed"),
     ({**OK, "stop": ["END", ""]}, 400, "invalid_value", "stop"),
     ({**OK, "stream_options": {"include_usage": True}}, 400, "invalid_value", "stream_options"),
+    ({**OK, "max_completion_tokens": 8}, 400, "invalid_parameter_combination", "max_tokens"),
     ({**OK, "messages": [{"role": "user", "content": "word " * 9000}]}, 400, "context_length_exceeded", "messages"),
     ({k: v for k, v in OK.items() if k != "max_tokens"} | {"messages": [{"role": "user", "content": "word " * 9000}]},
      400, "context_length_exceeded", "messages"),  # no max_tokens: still the prompt's fault, not 1 new token's

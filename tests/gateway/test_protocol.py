@@ -19,7 +19,7 @@ def parse(**fields: Any) -> Any:
 def test_fields_are_read_with_their_defaults_and_aliases() -> None:
     r = parse(max_tokens=7, stop="END", stream=True, stream_options={"include_usage": True}, seed=3)
     assert r.max_new_tokens == 7 and r.stop_sequences == ("END",) and r.include_usage and r.seed == 3
-    assert parse(max_completion_tokens=5, max_tokens=9).max_new_tokens == 5  # the current name wins
+    assert parse(max_completion_tokens=5).max_new_tokens == 5
     plain = parse()
     assert plain.max_new_tokens is None and plain.stop_sequences == () and not plain.include_usage
 
@@ -52,6 +52,8 @@ def test_passthrough_keeps_openai_fields_only() -> None:
     (json.dumps({**BASE, "stream_options": {"extra": True}}).encode(), "unknown_parameter", "stream_options.extra"),
     (json.dumps({**BASE, "messages": ["hi"]}).encode(), "invalid_type", "messages[0]"),
     (json.dumps({**BASE, "n": 3}).encode(), "unsupported_parameter", "n"),
+    (json.dumps({**BASE, "max_tokens": 9, "max_completion_tokens": 5}).encode(), "invalid_parameter_combination",
+     "max_tokens"),  # as OpenAI: never one of them silently
     (json.dumps({**BASE, "presence_penalty": 0.5}).encode(), "unsupported_parameter", "presence_penalty"),
     (json.dumps({**BASE, "functions": []}).encode(), "unsupported_parameter", "functions"),
     (json.dumps({**BASE, "stop": ["a", "b", "c", "d", "e"]}).encode(), "invalid_value", "stop"),

@@ -1,6 +1,7 @@
-"""Upstream routes' failures, against a real provider-shaped HTTP server on loopback: one call per
+"""Upstream routes against a real provider-shaped HTTP server on loopback. Failures: one call per
 request (no retries behind the client's back), the provider's message, param and Retry-After passed on,
-no answer within the policy's timeout a 504, a closed port `upstream_unreachable`."""
+no answer within the policy's timeout a 504, a closed port `upstream_unreachable`. Answers: a local
+route's shape, streamed or not, with the provider's own extra fields kept."""
 
 from __future__ import annotations
 
@@ -32,6 +33,14 @@ CHUNK = {"id": "c1", "object": "chat.completion.chunk", "created": 1, "model": "
 INVALID = {"error": {"message": "output does not match the schema: 'x' is not a 'email'",
                      "type": "invalid_request_error", "param": None, "code": "output_validation_failed"}}
 FRAMES = {"mid-invalid": INVALID, "mid-timeout": TIMED_OUT}
+# a draftgate upstream's stream: nulls where OpenAI sends nulls, its statistics on the usage chunk
+STREAMED = [{**CHUNK, "system_fingerprint": None, "usage": None,
+             "choices": [{"index": 0, "delta": {"content": text}, "finish_reason": None, "logprobs": None}]}
+            for text in ("h", "i")] + [
+    {**CHUNK, "system_fingerprint": None, "usage": None,
+     "choices": [{"index": 0, "delta": {}, "finish_reason": "stop", "logprobs": None}]},
+    {**CHUNK, "system_fingerprint": None, "choices": [], "draftgate": {"target_passes": 2},
+     "usage": {"prompt_tokens": 1, "completion_tokens": 2, "total_tokens": 3}}]
 OK = {"id": "c1", "object": "chat.completion", "created": 1, "model": "ok",
       "choices": [{"index": 0, "message": {"role": "assistant", "content": "hi"}, "finish_reason": "stop"}],
       "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}
@@ -50,12 +59,14 @@ class Provider(BaseHTTPRequestHandler):
         if model == "slow":
             time.sleep(3)  # the client gave up long ago: nothing to answer, and no broken pipe printed later
             return
-        if model in FRAMES:
+        if model in FRAMES or model == "streamed":
             self.send_response(200)
             self.send_header("content-type", "text/event-stream")
             self.end_headers()
-            for frame in (CHUNK, FRAMES[model]):
+            for frame in STREAMED if model == "streamed" else (CHUNK, FRAMES[model]):
                 self.wfile.write(f"data: {json.dumps(frame)}\n\n".encode())
+            if model == "streamed":
+                self.wfile.write(b"data: [DONE]\n\n")
             return
         status = STATUS.get(model, 200)
         data = json.dumps((TIMED_OUT if status == 504 else ERROR) if status != 200 else OK).encode()
@@ -127,12 +138,12 @@ def test_the_providers_own_timeout_is_its_answer_not_ours(provider: str) -> None
     assert "did not complete within 3 s" in exc.error.message and "30 s" not in exc.error.message
 
 
-def _stream_error(base: str, model: str) -> tuple[list[dict], UpstreamError | None]:
+def _stream_error(base: str, model: str, params: dict | None = None) -> tuple[list[dict], UpstreamError | None]:
     async def run() -> tuple[list[dict], UpstreamError | None]:
         chunks: list[dict] = []
         try:
             async for body in await stream(UpstreamRoute(f"openai/{model}", base), "remote",
-                                           [{"role": "user", "content": "hi"}], {}, 30):
+                                           [{"role": "user", "content": "hi"}], params or {}, 30):
                 chunks.append(body)
         except UpstreamError as exc:
             return chunks, exc
@@ -146,11 +157,23 @@ def test_an_error_frame_mid_stream_keeps_the_providers_message_once_and_its_kind
                                                                                  code: str) -> None:
     chunks, exc = _stream_error(provider, model)
     assert [c["choices"][0]["delta"]["content"] for c in chunks] == ["hi"] and chunks[0]["model"] == "remote"
-    assert set(chunks[0]["choices"][0]) == {"index", "delta"}  # no provider_specific_fields
+    assert set(chunks[0]["choices"][0]) == {"index", "delta", "finish_reason", "logprobs"}  # no litellm fields
     assert exc is not None and exc.error.code == code
     provider_message = FRAMES[model]["error"]["message"]
     assert exc.error.message.count(provider_message) == 1
     assert "litellm" not in exc.error.message and "(500)" not in exc.error.message
+
+def test_a_stream_comes_back_in_a_local_routes_chunk_shape_with_the_providers_extras(provider: str) -> None:
+    chunks, exc = _stream_error(provider, "streamed", {"stream_options": {"include_usage": True}})
+    assert exc is None and [c["model"] for c in chunks] == ["remote"] * 4
+    choices = [c["choices"][0] for c in chunks[:3]]
+    assert [c["delta"].get("content") for c in choices] == ["h", "i", None]
+    assert [(c["finish_reason"], c["logprobs"]) for c in choices] == [(None, None), (None, None), ("stop", None)]
+    assert all(set(c) >= {"id", "object", "created", "system_fingerprint", "usage"} for c in chunks)
+    assert [c["usage"] for c in chunks[:3]] == [None] * 3 and chunks[3]["usage"]["completion_tokens"] == 2
+    # the upstream's own statistics ride on its last chunk, as they would from a local route
+    assert [c.get("draftgate") for c in chunks] == [None, None, None, {"target_passes": 2}]
+
 
 def test_a_closed_port_is_unreachable() -> None:
     with socket.socket() as probe:
