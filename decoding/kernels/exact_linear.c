@@ -18,6 +18,11 @@
  * loads and 12 broadcasts for 24 multiply-adds), so a verify pass reads the weights once; longer
  * passes split into tiles as even as they come, and prompts run at oneDNN's speed.
  *
+ * A tile prefetches its weights 4 KB ahead of what it reads. Without it, a pass of several rows stalled on
+ * memory between its bursts of multiply-adds, memory and arithmetic taking turns: a 9-row pass of the
+ * embedded model took 8.53 ms against a step's 6.05; with it, 7.83 (steps alike; side by side in one
+ * process, decoding/drafts/README.md). A prefetch changes no arithmetic, and one past the end is ignored.
+ *
  * Inputs are bf16, or float32 rounded to bf16 (to nearest even, as torch's cast) once per pass.
  * Outputs are float32: the accumulators, plus the bias. Needs AVX512-BF16; built without it, only
  * `exact_linear_available` (0) does anything.
@@ -29,6 +34,7 @@
 #define GV 2         /* output vectors per group */
 #define GW (GV * 16) /* outputs per group: the packed layout's unit */
 #define TB 12        /* rows per tile, at most */
+#define AHEAD 2048   /* bf16 weights a tile prefetches ahead of what it reads: 4 KB, 32 input pairs */
 
 int exact_linear_available(void) {
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
@@ -72,6 +78,8 @@ static inline __attribute__((always_inline)) void tile(const uint16_t *x, long x
   const uint16_t *xr = x + t0 * xs;
   const uint16_t *wp = wg;
   for (long p = 0; p < k / 2; p++, wp += GW * 2) {
+    _mm_prefetch((const char *)(wp + AHEAD), _MM_HINT_T0); /* the stream 4 KB on: its two lines */
+    _mm_prefetch((const char *)(wp + AHEAD + 32), _MM_HINT_T0);
     __m512bh w[GV];
     for (int v = 0; v < GV; v++) w[v] = (__m512bh)_mm512_loadu_si512(wp + 32 * v);
     for (int i = 0; i < tb; i++) {
