@@ -69,35 +69,49 @@ class PassCosts:
         return " / ".join(f"{c:.2f}" for c in self.relative)
 
 
+def relative_costs(rounds: list[list[float]]) -> PassCosts:
+    """Costs from timed rounds, rounds[i][r - 1] the seconds of round i's pass of r rows: each round's
+    passes relative to its own one-row pass, each size's (lower) median over the rounds, made non-decreasing.
+
+    Paired within a round (its passes follow one another within ~0.1 s) because the machine's speed
+    moves in phases: on the 2-core development machine a step took 4.6 ms in one second and 6.0 in
+    another, and the fastest of each size — what this took before — priced 9 rows at 1.53 steps in one
+    load and 1.21 in the next, where the passes' median cost was 1.30. The median over rounds drops a
+    pass a busy moment slowed (on the AVX2 machine single passes spiked from 43 to 129 ms)."""
+    sizes = len(rounds[0])
+    ratios = [sorted(times[r] / times[0] for times in rounds) for r in range(sizes)]
+    medians = [v[(len(v) - 1) // 2] for v in ratios]  # the lower median: of 4 rounds, 2 may be off
+    # a pass never costs more than a bigger one: each size takes the least of its own and the bigger
+    # sizes' (3 rows run padded to 4, say: noise must not price 3 above 4)
+    relative = [max(1.0, round(min(medians[r:]), 3)) for r in range(sizes)]
+    relative[0] = 1.0
+    return PassCosts(tuple(relative))
+
+
 def measure_pass_costs(model: Transformer, max_rows: int = MAX_ROWS, context: int = 256,
-                       repeats: int = 6, budget_s: float = 4.0) -> PassCosts:
+                       repeats: int = 8, budget_s: float = 4.0) -> PassCosts:
     """Time passes of 1..max_rows rows at a `context`-token cache, in turn, up to `repeats` rounds after a
     warm-up round, and no more rounds once `budget_s` is spent (at least one: a big model's load is not
-    held up by a minute of timing). Each size's fastest pass is its cost (a busy machine only ever adds
-    time: on the AVX2 machine single passes spiked from 43 to 129 ms), relative to one row, made
-    non-decreasing. Leaves the model's KV cache holding random tokens (every request starts with its
-    own prefill)."""
+    held up by a minute of timing); their costs as `relative_costs` reads them. Leaves the model's KV
+    cache holding random tokens (every request starts with its own prefill)."""
     context = max(1, min(context, model.args.max_seq_len - max_rows))  # a model with a short context
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, model.args.vocab_size, (context + max_rows,), generator=g)  # (context + R,)
     model.setup_cache(context + max_rows)
     model(tokens[:context], 0)
-    times: list[list[float]] = [[] for _ in range(max_rows)]
+    rounds: list[list[float]] = []
     began = time.perf_counter()
     for round_ in range(repeats + 1):
         if round_ > 1 and time.perf_counter() - began > budget_s:
             break
+        times = []
         for r in range(1, max_rows + 1):
             start = time.perf_counter()
             model(tokens[context : context + r], context)  # (r, V)
-            if round_ > 0:
-                times[r - 1].append(time.perf_counter() - start)
-    fastest = [min(t) for t in times]
-    # a pass never costs more than a bigger one: each size takes the least of its own and the bigger
-    # sizes' times (3 rows run padded to 4, say: noise must not price 3 above 4)
-    relative = [max(1.0, round(min(fastest[r:]) / fastest[0], 3)) for r in range(max_rows)]
-    relative[0] = 1.0
-    return PassCosts(tuple(relative))
+            times.append(time.perf_counter() - start)
+        if round_ > 0:
+            rounds.append(times)
+    return relative_costs(rounds)
 
 
 def pass_costs(model: Transformer) -> PassCosts:

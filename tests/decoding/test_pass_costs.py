@@ -7,7 +7,7 @@ import torch
 
 from decoding.adaptive import DraftLength
 from decoding.drafters import NgramDrafter
-from decoding.pass_costs import REFERENCE_ACCEPTANCE, PassCosts, measure_pass_costs
+from decoding.pass_costs import REFERENCE_ACCEPTANCE, PassCosts, measure_pass_costs, relative_costs
 from decoding.sampling import SamplingParams
 from tests.conftest import TinyFactory
 
@@ -82,3 +82,12 @@ def test_measured_costs_are_a_curve_from_one_that_never_falls(tiny_model: TinyFa
     assert len(costs.relative) == 5 and costs.relative[0] == 1.0
     assert all(a <= b for a, b in zip(costs.relative, costs.relative[1:], strict=False))
     assert 1 <= costs.best_rows() <= 5
+
+
+def test_costs_are_read_within_each_round_so_the_machines_phases_and_spikes_do_not_move_them() -> None:
+    curve = [1.0, 1.1, 1.2, 1.3]
+    rounds = [[6.0 * c for c in curve] for _ in range(5)]  # 6 ms a step, ...
+    rounds[1][0] = 4.6  # ... but one round's first pass ran in a moment the machine ran at 4.6
+    rounds[2][3] *= 3  # and one pass was held up
+    assert relative_costs(rounds).relative == (1.0, 1.1, 1.2, 1.3)
+    # the fastest pass of each size, as costs were read before, priced 2 rows at 6.6 / 4.6 = 1.43 steps
