@@ -1,10 +1,11 @@
 """The Chat Completions request, parsed and checked before anything is routed.
 
 Types are checked strictly (a string where a number belongs is a 400 naming the field), unknown fields
-are refused, and fields draftgate cannot honour (`n` > 1, `logprobs`, penalties, `logit_bias`, audio,
-...) are refused by name when set to anything but their no-op value: never silently ignored.
-Messages, tools, tool_choice and response_format are checked by `decoding` (chat.py, tools.py,
-structured.py), which names the offending field the same way.
+are refused (inside messages, tools and response_format too: gateway/shapes.py), and fields draftgate
+cannot honour (`n` > 1, `logprobs`, penalties, `logit_bias`, audio, ...) are refused by name when set
+to anything but their no-op value: never silently ignored. The values inside messages, tools,
+tool_choice and response_format are checked by `decoding` (chat.py, tools.py, structured.py), which
+names the offending field the same way.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from decoding.errors import InvalidRequestError
 from decoding.sampling import SEED_MAX, SEED_MIN
+from gateway.shapes import unknown_field
 
 
 class RequestError(InvalidRequestError):
@@ -210,6 +212,8 @@ def parse_request(body: bytes) -> ChatCompletionRequest:
         given = json.dumps(error.get("input"), default=str)[:80]
         raise RequestError(f"'{param}': {error['msg'].lower()} (got {given})", param, "invalid_type"
                            if kind.endswith("_type") or kind.startswith("literal") else "invalid_value") from exc
+    if (nested := unknown_field(request.messages, request.tools, request.response_format)) is not None:
+        raise RequestError(f"unknown parameter '{nested}'", nested, "unknown_parameter")
     problem = unsupported(request)
     if problem is not None:
         raise problem

@@ -79,3 +79,43 @@ def test_surrogate_pairs_and_escaped_backslashes_are_text() -> None:
     assert pair.messages[0]["content"] == "\U0001F600"
     literal = parse_request(b'{"model": "m", "messages": [{"role": "user", "content": "\\\\ud800"}]}')
     assert literal.messages[0]["content"] == "\\ud800"  # a backslash, then the letters
+
+
+TOOL: dict[str, Any] = {"type": "function", "function": {"name": "f", "description": "d", "strict": True,
+                                                           "parameters": {"type": "object"}}}
+SCHEMA: dict[str, Any] = {"type": "json_schema", "json_schema": {"name": "x", "description": "d", "strict": False,
+                                                                  "schema": {"type": "object"}}}
+CALL: dict[str, Any] = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+
+
+def test_every_field_openai_has_inside_messages_tools_and_response_format_is_accepted() -> None:
+    messages = [{"role": "developer", "content": "be brief", "name": "ops"},
+                {"role": "user", "name": "ann", "content": [{"type": "text", "text": "hi"}]},
+                {"role": "assistant", "content": None, "name": "bot", "refusal": None, "audio": None,
+                 "function_call": None, "tool_calls": [CALL]},
+                {"role": "tool", "tool_call_id": "c1", "content": "42"},
+                {"role": "assistant", "content": [{"type": "refusal", "refusal": "no"}]}]
+    r = parse(messages=messages, tools=[TOOL], response_format=SCHEMA)
+    assert len(r.messages) == 5 and r.response_format == SCHEMA
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    ({"messages": [{"role": "user", "content": "hi", "nmae": "bob"}]}, "messages[0].nmae"),
+    ({"messages": [{"role": "tool", "tool_call_id": "c1", "content": "x", "name": "f"}]}, "messages[0].name"),
+    ({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": {}}]}]},
+     "messages[0].content[0].cache_control"),
+    ({"messages": [{"role": "assistant", "tool_calls": [{**CALL, "index": 0}]}]}, "messages[0].tool_calls[0].index"),
+    ({"messages": [{"role": "assistant", "tool_calls": [{**CALL, "function": {**CALL["function"], "x": 1}}]}]},
+     "messages[0].tool_calls[0].function.x"),
+    ({"tools": [{**TOOL, "cache": True}]}, "tools[0].cache"),
+    ({"tools": [{"type": "function", "function": {**TOOL["function"], "strictt": True}}]}, "tools[0].function.strictt"),
+    ({"response_format": {"type": "json_object", "foo": 1}}, "response_format.foo"),
+    # the typo that made a non-strict schema strict, silently
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "strictt": False, "schema": {}}}},
+     "response_format.json_schema.strictt"),
+])
+def test_an_unknown_field_inside_is_named_by_its_path(fields: dict[str, Any], param: str) -> None:
+    with pytest.raises(RequestError) as info:
+        parse(**fields)
+    assert info.value.code == "unknown_parameter" and info.value.param == param
+    assert f"'{param}'" in str(info.value)
