@@ -21,6 +21,7 @@ from gateway.chat import ClientGone, chat_completions
 from gateway.errors import ApiError, BodyTooLargeError, UnknownModelError, to_api_error
 from gateway.protocol import parse_request
 from gateway.state import GatewayState
+from gateway.upstream import missing_key
 from policies.model import Policy, Route
 
 log = logging.getLogger(__name__)
@@ -112,9 +113,14 @@ def create_app(policy: Policy, state: GatewayState | None = None) -> FastAPI:
             gateway.keys.check(request.headers.get("authorization"))
         except AuthError:
             return {"status": "ok"}
-        return {"status": "ok", "models": {
-            r.model: ({"route": "local", "queued": gateway.local[r.model].queued} if r.local is not None
-                      else {"route": "upstream", "litellm_model": r.upstream.litellm_model if r.upstream else None})
-            for r in gateway.policy.routes}}
+        return {"status": "ok", "models": {r.model: route_health(r) for r in gateway.policy.routes}}
+
+    def route_health(route: Route) -> dict[str, Any]:
+        if route.local is not None:
+            return {"route": "local", "queued": gateway.local[route.model].queued}
+        assert route.upstream is not None
+        unset = missing_key(route.upstream)
+        return {"route": "upstream", "litellm_model": route.upstream.litellm_model, "ready": unset is None,
+                **({"problem": f"${unset} is not set: requests get 503 upstream_key_missing"} if unset else {})}
 
     return app

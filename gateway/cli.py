@@ -277,7 +277,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     srv = sub.add_parser("serve", help="serve the OpenAI-compatible API (the policy's routes)")
     srv.add_argument("--policy", default=None, metavar="FILE", help="policy YAML (default: the shipped default.yaml)")
-    srv.add_argument("--host", default="127.0.0.1")
+    srv.add_argument("--host", default="127.0.0.1",
+                     help="address to listen on (0.0.0.0: every interface; give the policy API keys first)")
     srv.add_argument("--port", type=_port, default=8000, help="0: any free port (the banner says which)")
     srv.set_defaults(func=_serve)
 

@@ -19,7 +19,8 @@ _MESSAGE_FIELDS = {
     "assistant": {"role", "content", "name", "refusal", "tool_calls", "audio", "function_call"},
     "tool": {"role", "content", "tool_call_id"},
 }
-_PART_FIELDS = {"text": {"type", "text"}, "input_text": {"type", "text"}, "refusal": {"type", "refusal"}}  # other parts are refused by type
+# content parts by type (other types are refused by decoding/chat.py, by type)
+_PART_FIELDS = {"text": {"type", "text"}, "input_text": {"type", "text"}, "refusal": {"type", "refusal"}}
 _CALL_FIELDS = {"id", "type", "function"}
 _CALL_FUNCTION_FIELDS = {"name", "arguments"}
 _TOOL_FIELDS = {"type", "function"}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import time
 from dataclasses import dataclass, field
 
@@ -12,6 +11,7 @@ from decoding.chat_engine import ChatEngine, ConstraintOptions
 from decoding.tokenizer import cache_root
 from gateway.auth import KeyCheck
 from gateway.local import LocalModel
+from gateway.upstream import missing_key
 from policies.model import LocalRoute, Policy
 
 log = logging.getLogger(__name__)
@@ -42,10 +42,9 @@ class GatewayState:
         """The gateway for `policy`, its local models loaded; `keys` as the policy's, if already checked."""
         state = cls(policy, keys if keys is not None else KeyCheck.from_policy(policy.auth))
         for route in policy.routes:
-            upstream = route.upstream
-            if upstream is not None and upstream.api_key_env and not os.environ.get(upstream.api_key_env):
+            if route.upstream is not None and (unset := missing_key(route.upstream)) is not None:
                 log.warning("route %s: $%s is not set; its requests will be refused (503 upstream_key_missing) "
-                            "until it is", route.model, upstream.api_key_env)
+                            "until it is", route.model, unset)
             if route.local is not None:
                 started = time.perf_counter()
                 state.local[route.model] = local_model(route.model, route.local, policy)

@@ -185,6 +185,11 @@ def _litellm() -> Any:
 NO_KEY = "no-key"
 
 
+def missing_key(route: UpstreamRoute) -> str | None:
+    """The route's key variable where it names one that is not set (its requests get a 503), else None."""
+    return route.api_key_env if route.api_key_env and not os.environ.get(route.api_key_env) else None
+
+
 def _call_args(route: UpstreamRoute, messages: list[dict[str, Any]], params: dict[str, Any],
                timeout_s: float | None) -> dict[str, Any]:
     args: dict[str, Any] = {"model": route.litellm_model, "messages": messages, **params, "max_retries": 0}
@@ -194,12 +199,11 @@ def _call_args(route: UpstreamRoute, messages: list[dict[str, Any]], params: dic
         args["api_base"] = route.api_base
         if not route.api_key_env:
             args["api_key"] = NO_KEY
+    if (unset := missing_key(route)) is not None:
+        raise UpstreamError(ApiError(503, f"the upstream key variable ${unset} is not set",
+                                     "service_unavailable_error", "upstream_key_missing"))
     if route.api_key_env:
-        key = os.environ.get(route.api_key_env)
-        if not key:
-            raise UpstreamError(ApiError(503, f"the upstream key variable ${route.api_key_env} is not set",
-                                         "service_unavailable_error", "upstream_key_missing"))
-        args["api_key"] = key
+        args["api_key"] = os.environ[route.api_key_env]
     return args
 
 

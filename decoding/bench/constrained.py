@@ -16,8 +16,6 @@ from dataclasses import dataclass, field, replace
 from importlib import resources
 from typing import Any
 
-from tqdm import tqdm
-
 from decoding.build import Draft, build_drafter, fit_to_machine
 from decoding.chat_engine import ChatEngine, ChatRequest, ConstraintOptions, PreparedChat
 from decoding.constraints.backends import BACKENDS, make_backend
@@ -27,6 +25,7 @@ from decoding.constraints.corpus import load_corpus
 from decoding.drafters import Drafter
 from decoding.generate import Engine, GenerationConfig
 from decoding.loading import LoadedModel
+from decoding.progress import progress
 from decoding.stats import SpecStats
 
 BOUNDS = Bounds(string_length=64, digits=12)
@@ -168,7 +167,7 @@ def measure_compile(target: LoadedModel, backend: str, quick: bool,
     times = CompileTimes(backend)
     compiler = make_backend(backend, target.tokenizer, compile_timeout_s=compile_timeout_s)
     entries = load_corpus()[:8] if quick else load_corpus()
-    for entry in tqdm(entries, desc=f"compile {backend}", unit="schema"):
+    for entry in progress(entries, desc=f"compile {backend}", unit="schema"):
         started = time.perf_counter()
         try:
             compiler.compile_json_schema(bound_schema(entry["schema"], BOUNDS, backend))
@@ -188,7 +187,7 @@ def _run_requests(backend: str, engines: dict[str, Engine], prepared: dict[str, 
         replace(warm, engine=engine, config=replace(warm.config, max_new_tokens=8)).start().close()
     by_name = {name: ConstrainedRow(backend, name) for name in engines}
     outputs: dict[tuple[str, str], list[int]] = {}
-    for rid, job in tqdm(prepared.items(), desc=f"constrained {backend}", unit="request"):
+    for rid, job in progress(prepared.items(), desc=f"constrained {backend}", unit="request"):
         for name, engine in engines.items():
             started = time.perf_counter()
             result = replace(job, engine=engine).start().result

@@ -125,6 +125,7 @@ class BenchReport:
         head = f"{'configuration':<26}{'category':<10}{'tok/s':>8}{'speedup':>9} {'decode':>7} {'accept':>8}" \
                f"{'acc.len':>8}{'pass/tok':>9}  identical"
         lines = [head, "-" * len(head)]
+        default = self.meta.get("default_config")
         for r in self.rows:
             d = r.to_dict()
 
@@ -137,11 +138,19 @@ class BenchReport:
             if d["divergences"]:
                 ties = sum(1 for x in d["divergences"] if x["near_tie"])
                 ident += f" ({d['identical_prompts']}; {len(d['divergences'])} divergent, {ties} near-ties)"
+            name = f"{r.name} *" if r.name == default else r.name
             lines.append(
-                f"{r.name:<26}{r.category:<10}{fmt(d['tokens_per_s'], '8.1f')}"
+                f"{name:<26}{r.category:<10}{fmt(d['tokens_per_s'], '8.1f')}"
                 f"{fmt(d['speedup_vs_target_only'], '8.2f')}x "
                 f"{'-'.rjust(7) if decode is None else format(decode, '6.2f') + 'x'} "
                 f"{fmt(d['acceptance_rate'], '8.2f')}{fmt(d['mean_acceptance_length'], '8.2f')}"
                 f"{fmt(d['target_passes_per_token'], '9.3f')}  {ident}"
             )
+        if default is not None and any(r.name == default for r in self.rows):
+            lines.append("* the gateway's default for these requests (policies/default.yaml)")
+        if any(r.reference for r in self.rows):
+            lines.append(f"identical: greedy outputs equal to the row's reference, prompts equal / compared (engine "
+                         f"rows: target-only, and they must be; HF rows: HF's own generate). A near-tie is a first "
+                         f"divergence where the two tokens' target logits differ by less than {NEAR_TIE_GAP} (bf16 "
+                         f"rounding)")
         return "\n".join(lines)

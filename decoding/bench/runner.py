@@ -12,7 +12,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-from tqdm import tqdm
 
 from decoding.bench.baselines import HFRunner, LlamaCppRunner, llama_cpp_available
 from decoding.bench.constrained import run_constrained
@@ -25,6 +24,7 @@ from decoding.drafters.head_tree import TreeShape
 from decoding.generate import Engine, GenerationConfig
 from decoding.loading import LoadedModel, embedded_gguf_path, load_model
 from decoding.pass_costs import pass_costs
+from decoding.progress import progress
 from decoding.sampling import SamplingParams
 from decoding.stats import SpecStats
 
@@ -167,7 +167,7 @@ def run_bench(options: BenchOptions) -> BenchReport:
 
     outputs: dict[tuple[str, str], list[int]] = {}
     results: dict[tuple[str, str], Measurement] = {}
-    bar = tqdm(total=len(prompts) * len(configs), desc="bench", unit="run")
+    bar = progress(total=len(prompts) * len(configs), desc="bench", unit="run")
     for prompt in prompts:
         for config in configs:
             bar.set_postfix_str(f"{prompt.id} {config.name}")
@@ -213,8 +213,18 @@ def _draft_source(draft: Draft | None) -> str | None:
     return f"draft head ({draft.config.design}, {draft.config.n_layers} layer(s), {len(draft.vocab)} tokens)"
 
 
+def default_config(draft: Draft | None, options: BenchOptions) -> str | None:
+    """The row that runs as the shipped policy serves these requests (policies/default.yaml: n-gram
+    lookup, then the shipped head's tree; a sampled request, n-gram lookup alone), or None where the
+    bench was asked for another draft."""
+    if options.draft is not None or not isinstance(draft, DraftHead) or not options.fit_to_machine:
+        return None
+    return "engine ngram+draft tree" if options.temperature == 0.0 else "engine ngram"
+
+
 def _meta(target: LoadedModel, draft: Draft | None, options: BenchOptions, prompts: int) -> dict[str, object]:
     return {
+        "default_config": default_config(draft, options),
         "target": target.source,
         "dtype": str(target.model.dtype).removeprefix("torch."),
         "draft": _draft_source(draft),

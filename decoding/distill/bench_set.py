@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from tqdm import tqdm
 
 from decoding.bench.workload import load_workload
 from decoding.distill.data import Sequence, load_sequences, save_sequences, teacher_force
@@ -21,6 +20,7 @@ from decoding.draft_head import load_head
 from decoding.drafters import NgramDrafter
 from decoding.generate import Engine, GenerationConfig
 from decoding.loading import LoadedModel
+from decoding.progress import progress
 from decoding.sampling import SamplingParams
 from decoding.tokenizer import cache_root
 
@@ -37,7 +37,7 @@ def bench_sequences(target: LoadedModel, max_new_tokens: int = 128) -> list[Sequ
     engine = Engine(target, NgramDrafter())
     config = GenerationConfig(max_new_tokens=max_new_tokens, sampling=SamplingParams(temperature=0.0))
     sequences = []
-    for prompt in tqdm(load_workload(), desc="bench outputs", unit="prompt"):
+    for prompt in progress(load_workload(), desc="bench outputs", unit="prompt"):
         ids = target.tokenizer.apply_chat_template(prompt.messages)
         out = engine.complete(ids, config).token_ids
         sequences.append(Sequence(prompt.category, torch.tensor(ids + out), len(ids)))

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from tqdm import tqdm
 
 from decoding.chat import render_prompt
 from decoding.distill.agent_prompts import agent_prompts
@@ -24,6 +23,7 @@ from decoding.distill.prompts import DistillPrompt, stage_one, stage_two
 from decoding.distill.texts import text_turns
 from decoding.hf_weights import to_hf_llama
 from decoding.loading import LoadedModel
+from decoding.progress import progress
 from decoding.tools import parse_tool_choice, parse_tools
 
 TOP_K = 16
@@ -85,7 +85,7 @@ def generate(target: LoadedModel, prompts: list[DistillPrompt], config: DataConf
         group = [rendered[i] for i in range(len(rendered)) if (i in sampled) == temperature_group]
         group.sort(key=lambda r: len(r[1]))
         batches = [group[i : i + config.batch_size] for i in range(0, len(group), config.batch_size)]
-        for batch in tqdm(batches, desc=f"{desc} ({'T=0.7' if temperature_group else 'greedy'})", unit="batch"):
+        for batch in progress(batches, desc=f"{desc} ({'T=0.7' if temperature_group else 'greedy'})", unit="batch"):
             width = max(len(ids) for _, ids in batch)
             inp = torch.tensor([[eos[0]] * (width - len(ids)) + ids for _, ids in batch])  # (B, W) left-padded
             att = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for _, ids in batch])
@@ -131,7 +131,7 @@ def teacher_force(target: LoadedModel, sequences: list[Sequence], feature_layers
     """Fill each sequence's features and top-K targets from the engine's model."""
     model = target.model
     model.setup_cache(max(len(s.tokens) for s in sequences))
-    for seq in tqdm(sequences, desc="teacher forcing", unit="seq"):
+    for seq in progress(sequences, desc="teacher forcing", unit="seq"):
         logits, hidden = model.forward_hidden(seq.tokens, 0, feature_layers=feature_layers)  # (T, V), (T, F)
         seq.features = hidden.to(torch.bfloat16)
         probs = torch.softmax(logits.float(), dim=-1)  # (T, V)

@@ -14,12 +14,12 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
-from tqdm import tqdm
 
 from decoding.distill.data import Sequence
 from decoding.distill.unroll import SHAPE_BUCKET, padded, unrolled
 from decoding.draft_head import DraftHead, HeadConfig
 from decoding.loading import cpu_supports_bf16
+from decoding.progress import progress as progress_bar
 
 log = logging.getLogger(__name__)
 
@@ -231,7 +231,7 @@ def train(head: DraftHead, sequences: list[Sequence], config: TrainConfig, check
     while len(schedule) < state.total_updates:  # the whole (seeded) schedule, so a resume continues it
         schedule += _batches(sequences, config.tokens_per_update, random.Random(config.seed * 1000 + epoch))
         epoch += 1
-    bar = tqdm(total=state.total_updates, initial=state.update, desc=f"distill {config.design}", unit="step",
+    bar = progress_bar(total=state.total_updates, initial=state.update, desc=f"distill {config.design}", unit="step",
                disable=not progress)
     stop = state.total_updates if stop_after is None else min(state.total_updates, state.update + stop_after)
     while state.update < stop and time.perf_counter() - started < budget:

@@ -119,6 +119,8 @@ def test_health_and_unknown_paths(gateway_url: str) -> None:
     assert httpx.get(f"{root}/health", timeout=10).json() == {"status": "ok"}
     health = httpx.get(f"{root}/health", headers=AUTH, timeout=10).json()
     assert health["status"] == "ok" and health["models"]["smollm2-135m"]["route"] == "local"
+    assert health["models"]["remote-smollm"] == {"route": "upstream", "litellm_model": "openai/smollm2-135m",
+                                                 "ready": True}
     assert httpx.head(f"{root}/health", timeout=10).status_code == 200  # load balancers' probes
     assert httpx.get(f"{root}/openapi.json", timeout=10).status_code == 404  # nothing served outside the API
     missing = httpx.get(f"{root}/v1/nothing-here", timeout=10)

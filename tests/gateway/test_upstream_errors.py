@@ -15,7 +15,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import ClassVar
 
 import pytest
+from fastapi.testclient import TestClient
 
+from gateway.app import create_app
 from gateway.state import GatewayState
 from gateway.upstream import NO_KEY, UpstreamError, complete, stream
 from policies.loader import parse_policy
@@ -190,5 +192,10 @@ def test_an_unset_key_variable_is_said_at_startup(monkeypatch: pytest.MonkeyPatc
                           "openai/x, api_base: 'http://127.0.0.1:9/v1', api_key_env: DRAFTGATE_TEST_UNSET_KEY}\n",
                           "up.yaml")
     with caplog.at_level("WARNING"):
-        GatewayState.build(policy).close()
+        state = GatewayState.build(policy)
     assert "route up: $DRAFTGATE_TEST_UNSET_KEY is not set" in caplog.text
+    with TestClient(create_app(policy, state)) as client:  # and /health says so to a key holder
+        health = client.get("/health", headers={"Authorization": "Bearer any"}).json()
+    assert health["models"]["up"]["ready"] is False
+    assert health["models"]["up"]["problem"] == ("$DRAFTGATE_TEST_UNSET_KEY is not set: requests get 503 "
+                                                 "upstream_key_missing")

@@ -1,0 +1,38 @@
+"""The bench's table: the shipped default's row marked, and the identical column explained."""
+
+from __future__ import annotations
+
+from decoding.bench.report import BenchReport, Measurement, Row
+from decoding.bench.runner import BenchOptions, default_config
+from tests.conftest import TinyFactory
+from tests.decoding.heads import head_for
+
+
+def _row(name: str, reference: str | None) -> Row:
+    m = Measurement(tokens=100, seconds=1.0, compared=8 if reference else 0, identical=8 if reference else 0)
+    return Row(name, "all", reference, m, baseline_tps=50.0)
+
+
+def test_the_default_row_is_marked_and_the_identical_column_explained() -> None:
+    rows = [_row("engine target-only", None), _row("engine ngram", "engine target-only"),
+            _row("engine ngram+draft tree", "engine target-only")]
+    lines = BenchReport(rows, {"default_config": "engine ngram+draft tree"}).table().splitlines()
+    marked = [line for line in lines if line.startswith("engine ngram+draft tree *")]
+    assert len(marked) == 1 and not any(line.startswith("engine ngram *") for line in lines)
+    assert "* the gateway's default for these requests (policies/default.yaml)" in lines
+    assert any(line.startswith("identical: ") and "HF's own generate" in line for line in lines)
+    # columns stay aligned under the marker: each row's tok/s ends under the header's
+    end = lines[0].index("tok/s") + len("tok/s")
+    assert all(line[end - 1] != " " and line[end] == " " for line in lines[2:5])
+    # no default among the rows (another draft was benched): no marker, no legend for it
+    other = BenchReport(rows, {"default_config": None}).table()
+    assert " *" not in other and "default for these requests" not in other
+
+
+def test_the_default_is_the_shipped_heads_tree_behind_lookup_greedy_and_lookup_alone_sampled(
+        tiny_model: TinyFactory) -> None:
+    head = head_for(tiny_model(), "eagle")
+    assert default_config(head, BenchOptions()) == "engine ngram+draft tree"
+    assert default_config(head, BenchOptions(temperature=0.7)) == "engine ngram"
+    assert default_config(head, BenchOptions(draft="other.safetensors")) is None  # not what the policy serves
+    assert default_config(None, BenchOptions()) is None
