@@ -90,10 +90,11 @@ def relative_costs(rounds: list[list[float]]) -> PassCosts:
 
 def measure_pass_costs(model: Transformer, max_rows: int = MAX_ROWS, context: int = 256,
                        repeats: int = 8, budget_s: float = 4.0) -> PassCosts:
-    """Time passes of 1..max_rows rows at a `context`-token cache, in turn, up to `repeats` rounds after a
-    warm-up round, and no more rounds once `budget_s` is spent (at least one: a big model's load is not
-    held up by a minute of timing); their costs as `relative_costs` reads them. Leaves the model's KV
-    cache holding random tokens (every request starts with its own prefill)."""
+    """Time passes of 1..max_rows rows at a `context`-token cache, in turn (smallest first, then largest
+    first, round after round), up to `repeats` rounds after a warm-up round, and no more rounds once
+    `budget_s` is spent (at least one: a big model's load is not held up by a minute of timing); their
+    costs as `relative_costs` reads them. Leaves the model's KV cache holding random tokens (every
+    request starts with its own prefill)."""
     context = max(1, min(context, model.args.max_seq_len - max_rows))  # a model with a short context
     g = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, model.args.vocab_size, (context + max_rows,), generator=g)  # (context + R,)
@@ -104,11 +105,12 @@ def measure_pass_costs(model: Transformer, max_rows: int = MAX_ROWS, context: in
     for round_ in range(repeats + 1):
         if round_ > 1 and time.perf_counter() - began > budget_s:
             break
-        times = []
-        for r in range(1, max_rows + 1):
+        times = [0.0] * max_rows
+        sizes = range(1, max_rows + 1)
+        for r in sizes if round_ % 2 else reversed(sizes):  # up, then down: no size always follows another
             start = time.perf_counter()
             model(tokens[context : context + r], context)  # (r, V)
-            times.append(time.perf_counter() - start)
+            times[r - 1] = time.perf_counter() - start
         if round_ > 0:
             rounds.append(times)
     return relative_costs(rounds)
