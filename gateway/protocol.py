@@ -181,11 +181,22 @@ def _depth_exceeds(value: Any, limit: int) -> bool:
     return True
 
 
+class NotJson(ValueError):
+    """A token Python's JSON reader takes and JSON does not have."""
+
+
+def _not_json(constant: str) -> Any:
+    # NaN, Infinity and -Infinity: Python reads them, JSON (RFC 8259) has no such numbers
+    raise NotJson(f"{constant} is not a JSON number")
+
+
 def parse_request(body: bytes) -> ChatCompletionRequest:
     """The request in `body`, or a RequestError naming the first field at fault."""
     try:
-        raw = json.loads(body)
+        raw = json.loads(body, parse_constant=_not_json)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise RequestError(f"the request body is not valid JSON: {exc}", None, "invalid_json") from exc
+    except NotJson as exc:
         raise RequestError(f"the request body is not valid JSON: {exc}", None, "invalid_json") from exc
     except RecursionError as exc:  # the decoder's own limit, far past ours
         raise RequestError(f"the request body nests deeper than {MAX_JSON_DEPTH} levels", None,

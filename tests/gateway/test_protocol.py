@@ -38,6 +38,8 @@ def test_passthrough_keeps_openai_fields_only() -> None:
 @pytest.mark.parametrize(("body", "code", "param"), [
     (b"{not json", "invalid_json", None),
     (b"[1, 2]", "invalid_json", None),
+    (json.dumps({**BASE, "temperature": float("nan")}).encode(), "invalid_json", None),  # Python's, not JSON's
+    (json.dumps({**BASE, "top_p": float("-inf")}).encode(), "invalid_json", None),
     # nesting past the decoder's recursion limit, and past ours
     (json.dumps(BASE).encode()[:-1] + b', "metadata": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "invalid_json", None),
     (json.dumps({**BASE, "metadata": {"a": json.loads("[" * 70 + "]" * 70)}}).encode(), "invalid_json", None),
