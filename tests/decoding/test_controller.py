@@ -156,10 +156,13 @@ def test_behind_lookup_a_drafter_slower_than_plain_steps_sits_out_and_lookup_goe
         sources.append(proposal.sources[0] if proposal.sources else "plain")
         # a plain step takes 10 ms; a pass the draft ran takes 40 ms for 2 tokens
         fallback.observe_time(0.040 if proposal.sources else 0.010, 2 if proposal.sources else 1)
-    assert sources[:2] == ["plain", "plain"]  # timing plain steps first
-    assert sources[2:5] == ["draft"] * 3  # one window of the draft's passes: slower than plain steps
-    assert sources[5:21] == ["plain"] * 16  # then a pause
-    assert sources[21:24] == ["draft"] * 3 and sources[24:] == ["plain"] * 16  # a probe, a longer pause
-    assert fallback.sat_out == 2 + 16 + 16
+    w, warm, pause = GateConfig().window, GateConfig().warmup, GateConfig().pause
+    probe = warm + w + pause  # where the draft runs again
+    assert sources[:warm] == ["plain"] * warm  # timing plain steps first
+    assert sources[warm : warm + w] == ["draft"] * w  # one window of the draft's passes: slower than plain steps
+    assert sources[warm + w : probe] == ["plain"] * pause  # then a pause
+    assert sources[probe : probe + w] == ["draft"] * w  # a probe, slower again
+    assert sources[probe + w :] == ["plain"] * (40 - probe - w) and 40 - probe - w <= 2 * pause  # a longer pause
+    assert fallback.sat_out == warm + pause + (40 - probe - w)
     matched = fallback.propose([0, 4, 5, 6, 7, 4, 5], 2, SamplingParams(), g)
     assert matched.sources == ["ngram", "ngram"]  # prompt lookup is never held back
