@@ -194,9 +194,7 @@ def parse_request(body: bytes) -> ChatCompletionRequest:
     """The request in `body`, or a RequestError naming the first field at fault."""
     try:
         raw = json.loads(body, parse_constant=_not_json)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise RequestError(f"the request body is not valid JSON: {exc}", None, "invalid_json") from exc
-    except NotJson as exc:
+    except (json.JSONDecodeError, UnicodeDecodeError, NotJson) as exc:
         raise RequestError(f"the request body is not valid JSON: {exc}", None, "invalid_json") from exc
     except RecursionError as exc:  # the decoder's own limit, far past ours
         raise RequestError(f"the request body nests deeper than {MAX_JSON_DEPTH} levels", None,

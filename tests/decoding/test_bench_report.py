@@ -1,7 +1,8 @@
-"""The bench's table: the shipped default's row marked, and the identical column explained."""
+"""The bench's tables: the shipped default's row marked, the identical column explained, columns aligned."""
 
 from __future__ import annotations
 
+from decoding.bench.constrained import ConstrainedReport, ConstrainedRow
 from decoding.bench.report import BenchReport, Measurement, Row
 from decoding.bench.runner import BenchOptions, default_config
 from tests.conftest import TinyFactory
@@ -36,3 +37,14 @@ def test_the_default_is_the_shipped_heads_tree_behind_lookup_greedy_and_lookup_a
     assert default_config(head, BenchOptions(temperature=0.7)) == "engine ngram"
     assert default_config(head, BenchOptions(draft="other.safetensors")) is None  # not what the policy serves
     assert default_config(None, BenchOptions()) is None
+
+
+def test_the_constrained_table_keeps_its_columns_under_a_long_configuration_name() -> None:
+    rows = [ConstrainedRow("outlines", name, tokens=200, seconds=1.0, decode_seconds=0.8, requests=20, valid=20,
+                           identical=20, baseline_tokens_per_s=100.0, baseline_decode_tokens_per_s=110.0)
+            for name in ("target-only", "grammar+ngram+draft")]
+    lines = ConstrainedReport(rows=rows, compile_times=[], failures=[]).table().splitlines()
+    head, short, long = lines[1], lines[3], lines[4]
+    end = head.index("tok/s") + len("tok/s")  # right-aligned: each row's number ends under the header's end
+    assert short[end - 1] != " " and long[end - 1] != " " and short[end] == long[end] == " "
+    assert len(short) == len(long) == len(head)

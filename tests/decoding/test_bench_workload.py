@@ -36,15 +36,3 @@ def test_a_session_is_its_history_answered_then_its_task(embedded_tokenizer: Tok
         # what makes the category: a context several times the short prompts'
         assert 1500 <= len(embedded_tokenizer.apply_chat_template(session.messages)) <= 3000
 
-
-def test_the_constrained_table_keeps_its_columns_under_a_long_configuration_name() -> None:
-    from decoding.bench.constrained import ConstrainedReport, ConstrainedRow
-
-    rows = [ConstrainedRow("outlines", name, tokens=200, seconds=1.0, decode_seconds=0.8, requests=20, valid=20,
-                           identical=20, baseline_tokens_per_s=100.0, baseline_decode_tokens_per_s=110.0)
-            for name in ("target-only", "grammar+ngram+draft")]
-    lines = ConstrainedReport(rows=rows, compile_times=[], failures=[]).table().splitlines()
-    head, short, long = lines[1], lines[3], lines[4]
-    end = head.index("tok/s") + len("tok/s")  # right-aligned: each row's number ends under the header's end
-    assert short[end - 1] != " " and long[end - 1] != " " and short[end] == long[end] == " "
-    assert len(short) == len(long) == len(head)
