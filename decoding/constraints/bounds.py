@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from decoding.constraints.outlines_maps import is_map
-from decoding.constraints.preflight import LENGTH_KEYS
 
 # bounded patterns for the formats whose values have no natural length; each matches valid values only
 _LABEL = "[a-z0-9](?:[a-z0-9-]{0,30}[a-z0-9])?"
@@ -34,7 +33,8 @@ FORMAT_PATTERNS = {
 
 @dataclass(frozen=True)
 class Bounds:
-    string_length: int = 64  # maxLength of a string that has none (and no enum, const, pattern or format)
+    string_length: int = 64  # maxLength of a string that has none, or only a smaller minLength (and no enum,
+    # const, or pattern or format the backend keeps)
     digits: int = 12  # digits of an integer (or of a number's integer and fraction parts) without bounds
     items: int = 4  # maxItems of an array that has none (outlines: 8 strings of 64 can take minutes)
     properties: int = 4  # extra keys of an object open to them (additionalProperties a schema or true);
@@ -78,15 +78,24 @@ def _bound_free_values(node: dict[str, Any], bounds: Bounds, backend: str) -> No
             node["additionalProperties"] = free()
 
 
+def _bound_string(node: dict[str, Any], bounds: Bounds, backend: str) -> None:
+    """A string with no maxLength: a bounded pattern for an unbounded format, else a maxLength (never below
+    its minLength) where the backend enforces lengths. Beside a pattern or format, outlines keeps a length
+    and drops the shape, xgrammar the reverse (preflight.py): a minLength there is all outlines enforces."""
+    shaped = {"pattern", "format"} & node.keys()
+    lengths_rule = "minLength" in node and backend == "outlines"  # outlines drops the shape for the length
+    if node.get("format") in FORMAT_PATTERNS and "pattern" not in node and not lengths_rule:
+        node["pattern"] = FORMAT_PATTERNS[node.pop("format")]
+    elif not shaped or lengths_rule:
+        node["maxLength"] = max(bounds.string_length, int(node.get("minLength", 0)))
+
+
 def _bound_node(node: dict[str, Any], bounds: Bounds, backend: str) -> None:
     if "enum" in node or "const" in node:
         return
     _bound_free_values(node, bounds, backend)
-    if _has_type(node, "string") and not LENGTH_KEYS & node.keys():
-        if node.get("format") in FORMAT_PATTERNS and "pattern" not in node:
-            node["pattern"] = FORMAT_PATTERNS[node.pop("format")]
-        elif "format" not in node and "pattern" not in node:
-            node["maxLength"] = bounds.string_length
+    if _has_type(node, "string") and "maxLength" not in node:
+        _bound_string(node, bounds, backend)
     if _has_type(node, "array") and "maxItems" not in node:
         node["maxItems"] = max(bounds.items, int(node.get("minItems", 0)))
     extra = node.get("additionalProperties")

@@ -7,7 +7,10 @@ import re
 import jsonschema
 import pytest
 
+from decoding.constraints.backends import make_backend
 from decoding.constraints.bounds import FORMAT_PATTERNS, Bounds, bound_schema
+from decoding.constraints.spec import GrammarSpec
+from decoding.tokenizer import Tokenizer
 
 SCHEMA = {"type": "object", "properties": {
     "free": {"type": "string"}, "short": {"type": "string", "maxLength": 3}, "pick": {"type": "string", "enum": ["x"]},
@@ -88,3 +91,48 @@ def test_values_a_schema_leaves_free_are_bounded_scalars(backend: str) -> None:
     jsonschema.validate(value, schema)
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({"any": "x" * 8}, bound_schema(schema, bounds, backend))
+
+
+MIN_ONLY = {"type": "object", "properties": {
+    "name": {"type": "string", "minLength": 5}, "essay": {"type": "string", "minLength": 100},
+    "mail": {"type": "string", "format": "email", "minLength": 5},
+    "code": {"type": "string", "pattern": "^[a-z]+$", "minLength": 2}}, "required": ["name"],
+    "additionalProperties": False}
+
+
+@pytest.mark.parametrize("backend", ["outlines", "xgrammar"])
+def test_a_minimum_length_alone_still_gets_a_maximum(backend: str) -> None:
+    """A minLength is no bound: such a string gets a maxLength too (never below the minimum), where the backend
+    enforces lengths. Beside a pattern or format outlines enforces the lengths and xgrammar the shape."""
+    props = bound_schema(MIN_ONLY, Bounds(string_length=40), backend)["properties"]
+    assert props["name"]["maxLength"] == 40 and props["essay"]["maxLength"] == 100
+    if backend == "outlines":
+        assert props["mail"]["maxLength"] == 40 and props["code"]["maxLength"] == 40
+    else:
+        assert props["mail"]["pattern"] == FORMAT_PATTERNS["email"] and "format" not in props["mail"]
+        assert "maxLength" not in props["mail"] and props["code"] == MIN_ONLY["properties"]["code"]
+
+
+@pytest.mark.parametrize("backend", ["outlines", "xgrammar"])
+def test_a_bounded_minimum_length_string_ends_in_the_real_grammar(embedded_tokenizer: Tokenizer,
+                                                                  backend: str) -> None:
+    schema = {"type": "object", "properties": {"name": {"type": "string", "minLength": 5}}, "required": ["name"],
+              "additionalProperties": False}
+    grammar = make_backend(backend, embedded_tokenizer).compile(
+        GrammarSpec(json_schema=bound_schema(schema, Bounds(string_length=12), backend)))
+
+    end = embedded_tokenizer.turn_end_id
+    assert end is not None
+
+    def walk(text: str) -> tuple[bool, bool]:  # (every token allowed, the output may end after them)
+        state = grammar.new()
+        for token in embedded_tokenizer.encode(text):
+            if not state.allows(token):
+                return False, False
+            state.accept(token)
+        return True, state.allows(end)
+
+    assert walk('{"name":"' + "ab cd" * 2 + '"}') == (True, True)  # 10 characters
+    assert walk('{"name":"' + "ab cd" * 2) == (True, False)
+    assert walk('{"name":"abc"}') == (False, False)  # below the caller's minLength
+    assert walk('{"name":"' + "ab cd " * 3) == (False, False)  # 18 characters: past the bound
