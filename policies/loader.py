@@ -1,12 +1,14 @@
 """Read a policy YAML file into typed settings; every error names the file, the line and the key.
 
 The file is composed into YAML nodes (which keep their line numbers) and walked against the field
-tables of `policies.model`: unknown keys are refused, types are checked, defaults filled in. Later
-sections (keys, budgets, rate limits, loop guards) add tables, not code.
+tables of `policies.model`: unknown keys are refused, types are checked, defaults filled in. The walk
+goes on past a mistake, so one error names every mistake in the file, a line each; a record with a
+mistake inside is not built (its own checks would only repeat it). New sections add tables, not code.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import MISSING, fields, is_dataclass
 from importlib import resources
 from pathlib import Path
@@ -21,14 +23,31 @@ DEFAULT_POLICY = "default.yaml"
 
 
 class PolicyError(ValueError):
-    """A policy file that cannot be used: where (file:line), which key, and what is wrong."""
+    """A policy file that cannot be used: where (file:line), which key ("" for the file as a whole), and
+    what is wrong; `more`: the file's other mistakes, each a line of the message after this one."""
 
     code = "invalid_policy"
 
-    def __init__(self, source: str, line: int | None, key: str, message: str) -> None:
+    def __init__(self, source: str, line: int | None, key: str, message: str,
+                 more: Sequence[PolicyError] = ()) -> None:
         where = f"{source}:{line}" if line is not None else source
-        super().__init__(f"{where}: {key or '(top level)'}: {message}")
-        self.source, self.line, self.key = source, line, key
+        text = f"{where}: {key}: {message}" if key else f"{where}: {message}"
+        super().__init__("\n".join([text, *(str(e) for e in more)]))
+        self.source, self.line, self.key, self.message = source, line, key, message
+        self.more = tuple(more)
+
+    @classmethod
+    def combined(cls, errors: Sequence[PolicyError]) -> PolicyError:
+        """One error for several mistakes, in the file's order: the first names line and key."""
+        first, *rest = sorted(errors, key=lambda e: e.line if e.line is not None else 0)
+        return cls(first.source, first.line, first.key, first.message, rest)
+
+
+class _Skipped:
+    """What a record with a mistake inside becomes: nothing is built from it."""
+
+
+SKIPPED = _Skipped()
 
 
 def _line(node: yaml.Node) -> int:
@@ -42,6 +61,7 @@ def _scalar(node: yaml.Node) -> Any:
 class _Walker:
     def __init__(self, source: str) -> None:
         self.source = source
+        self.errors: list[PolicyError] = []  # every mistake found so far
 
     def fail(self, node: yaml.Node | None, key: str, message: str) -> PolicyError:
         return PolicyError(self.source, _line(node) if node is not None else None, key, message)
@@ -59,7 +79,12 @@ class _Walker:
             if not isinstance(node, yaml.SequenceNode):
                 raise self.fail(node, key, "must be a list")
             (item,) = get_args(hint)[:1]
-            items = [self.value(child, item, f"{key}[{i}]") for i, child in enumerate(node.value)]
+            items = []
+            for i, child in enumerate(node.value):
+                try:
+                    items.append(self.value(child, item, f"{key}[{i}]"))
+                except PolicyError as exc:
+                    self.errors.append(exc)
             return tuple(items) if origin is tuple else items
         if not isinstance(node, yaml.ScalarNode):
             raise self.fail(node, key, f"must be {_a(hint.__name__)}")
@@ -77,15 +102,30 @@ class _Walker:
         known = {f.name: f for f in fields(cls)}
         given: dict[str, Any] = {}
         value_nodes: dict[str, yaml.Node] = {}
+        found = len(self.errors)
         for key_node, value_node in node.value:
             name = _scalar(key_node)
             path = _child(key, name)
-            if name not in known:
-                raise self.fail(key_node, path, f"unknown key (known here: {', '.join(known)})")
-            if name in given:
-                raise self.fail(key_node, path, "given twice")
-            given[name] = self.value(value_node, hints[name], path)
-            value_nodes[name] = value_node
+            try:
+                if name not in known:
+                    raise self.fail(key_node, path, f"unknown key (known here: {', '.join(known)})")
+                if name in value_nodes:
+                    raise self.fail(key_node, path, "given twice")
+                value_nodes[name] = value_node
+                given[name] = self.value(value_node, hints[name], path)
+            except PolicyError as exc:
+                self.errors.append(exc)
+        if len(self.errors) > found or any(v is SKIPPED for v in given.values()):
+            return SKIPPED
+        try:
+            return self.build(cls, given, node, key, value_nodes)
+        except PolicyError as exc:
+            self.errors.append(exc)
+            return SKIPPED
+
+    def build(self, cls: Any, given: dict[str, Any], node: yaml.Node, key: str,
+              value_nodes: dict[str, yaml.Node]) -> Any:
+        known = {f.name: f for f in fields(cls)}
         missing = [n for n, f in known.items()
                    if n not in given and f.default is MISSING and f.default_factory is MISSING]
         if missing:
@@ -137,7 +177,11 @@ def parse_policy(text: str, source: str) -> Policy:
         raise PolicyError(source, line, "", f"not valid YAML: {getattr(exc, 'problem', exc)}") from exc
     if root is None:
         raise PolicyError(source, None, "", "the file is empty")
-    policy: Policy = _Walker(source).record(root, Policy, "")
+    walker = _Walker(source)
+    policy = walker.record(root, Policy, "")
+    if walker.errors:
+        raise PolicyError.combined(walker.errors)
+    assert isinstance(policy, Policy)
     return policy
 
 

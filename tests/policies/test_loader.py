@@ -93,12 +93,30 @@ def test_a_policy_without_routes_is_refused() -> None:
 
 
 def test_broken_yaml_and_missing_files(tmp_path: Path) -> None:
-    with pytest.raises(PolicyError, match=r"bad\.yaml:4: \(top level\): not valid YAML"):
+    with pytest.raises(PolicyError, match=r"^bad\.yaml:4: not valid YAML"):
         parse_policy("version: 1\nroutes:\n  - model: [unclosed\n", "bad.yaml")
     with pytest.raises(PolicyError, match="cannot read"):
         load_policy(tmp_path / "missing.yaml")
     with pytest.raises(PolicyError, match="empty"):
         parse_policy("", "empty.yaml")
+
+
+def test_every_mistake_in_a_file_is_named_at_once_in_the_files_order() -> None:
+    """Three typos in three sections: one error, a line each, the first one's line and key on the error;
+    a record with a mistake inside is not built, so its own checks (a required key) add nothing."""
+    text = GOOD.replace("version: 1\n", "version: 1\nauth: {keyz: [sk-a]}\nserver: {max_queu: 3}\n")
+    text = text.replace("      target: embedded\n", "      locl: embedded\n").replace(
+        "    upstream: {litellm_model: openai/some-model, ", "    upstream: {")
+    text = text.replace("max_draft_tokens: 6", "max_draft_tokens: many")
+    with pytest.raises(PolicyError) as err:
+        parse_policy(text, "multi.yaml")
+    lines = str(err.value).splitlines()
+    assert [line.split(": ")[:2] for line in lines] == [
+        ["multi.yaml:2", "auth.keyz"], ["multi.yaml:3", "server.max_queu"], ["multi.yaml:7", "routes[0].local.locl"],
+        ["multi.yaml:9", "routes[0].local.speculative.max_draft_tokens"], ["multi.yaml:12", "routes[1].upstream"]]
+    assert "unknown key (known here: keys, keys_env, dev)" in lines[0] and "must be an int" in lines[3]
+    assert "missing required key 'litellm_model'" in lines[4]
+    assert (err.value.line, err.value.key, len(err.value.more)) == (2, "auth.keyz", 4)
 
 
 def test_server_and_auth_sections(tmp_path: Path) -> None:
