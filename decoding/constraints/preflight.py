@@ -121,15 +121,24 @@ def preflight(schema: Any, backend: str, allow_validate_after: bool = False) -> 
     """Raise for keywords the backend does not enforce, unless validating afterwards is allowed."""
     check_schema(schema)
     check_refs(schema)
-    missing = unsupported_keywords(schema, backend)
-    if backend == "outlines":  # it cuts recursion off at a fixed depth (refs.py)
-        missing += [Unsupported(path, "$ref (recursive)") for path in recursive_refs(schema)]
+    missing = _unenforced(schema, backend)
     if missing and not allow_validate_after:
         names = ", ".join(str(m) for m in missing)
+        others = [b for b in ENFORCED if b != backend and not _unenforced(schema, b)]
+        switch = (f"; the {others[0]} backend enforces this whole schema (a route's constraints.backend in the "
+                  "gateway's policy)") if others else ""
         raise UnsupportedKeywordError(f"the {backend} backend does not enforce {names}; send the schema with "
                                       '"strict": false to generate under what it does enforce and validate '
                                       'the output against the whole schema after (a schema that names no "strict" '
-                                      "counts as strict here: draftgate enforces every schema it can)")
+                                      "counts as strict here: draftgate enforces every schema it can; a route's "
+                                      f"constraints.allow_validate_after does this for every request){switch}")
+    return missing
+
+
+def _unenforced(schema: Any, backend: str) -> list[Unsupported]:
+    missing = unsupported_keywords(schema, backend)
+    if backend == "outlines":  # it cuts recursion off at a fixed depth (refs.py)
+        missing += [Unsupported(path, "$ref (recursive)") for path in recursive_refs(schema)]
     return missing
 
 

@@ -42,6 +42,17 @@ def test_validate_after_returns_what_will_be_checked_later() -> None:
     assert validate_output('{"n": 10}', schema) == {"n": 10}
 
 
+def test_a_refusal_names_the_policy_settings_that_would_take_the_schema() -> None:
+    neither = {"type": "object", "properties": {"n": {"type": "number", "multipleOf": 5}}}  # no backend has it
+    with pytest.raises(UnsupportedKeywordError) as err:
+        preflight(neither, "xgrammar")
+    assert "a route's constraints.allow_validate_after does this for every request" in str(err.value)
+    assert "backend enforces this whole schema" not in str(err.value)
+    bounded = {"type": "integer", "minimum": 1}  # xgrammar enforces numeric bounds, outlines does not
+    with pytest.raises(UnsupportedKeywordError, match="the xgrammar backend enforces this whole schema"):
+        preflight(bounded, "outlines")
+
+
 def test_malformed_schemas_are_clear_errors() -> None:
     with pytest.raises(ConstraintError, match="invalid JSON schema"):
         preflight({"type": "object", "properties": {"a": {"type": "strnig"}}}, "outlines")
@@ -117,6 +128,7 @@ def test_a_recursive_ref_is_named_for_outlines_and_left_to_xgrammar() -> None:
                                                       r" send the schema with \"strict\": false") as err:
         preflight(TREE, "outlines")
     assert "at /;" not in str(err.value) and "at /," not in str(err.value)  # the root's $ref closes no cycle
+    assert "the xgrammar backend enforces this whole schema (a route's constraints.backend" in str(err.value)
     assert preflight(TREE, "xgrammar") == []
     mutual = {"$defs": {"a": {"type": "object", "properties": {"b": {"$ref": "#/$defs/b"}}},
                         "b": {"type": "object", "properties": {"a": {"$ref": "#/$defs/a"}}},
