@@ -40,6 +40,9 @@ def failure(exc: Exception) -> JSONResponse:
     return error_response(error)
 
 
+SERVED = "this gateway serves POST /v1/chat/completions, GET /v1/models, GET /v1/models/{model} and GET /health"
+
+
 def create_app(policy: Policy, state: GatewayState | None = None) -> FastAPI:
     """The gateway for `policy`; loads every local route's model unless a built `state` is given."""
     gateway = state or GatewayState.build(policy)
@@ -55,9 +58,12 @@ def create_app(policy: Policy, state: GatewayState | None = None) -> FastAPI:
     app.state.gateway = gateway
 
     @app.exception_handler(StarletteHTTPException)
-    async def http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-        return error_response(ApiError(exc.status_code, str(exc.detail), "invalid_request_error", code))
+        message = str(exc.detail)
+        if exc.status_code in (404, 405):  # as OpenAI words it, and what is served here
+            message = f"Invalid URL ({request.method} {request.url.path}): {message.lower()}; {SERVED}"
+        return error_response(ApiError(exc.status_code, message, "invalid_request_error", code))
 
     @app.post("/v1/chat/completions")
     @app.post("/v1/chat/completions/")  # served, not redirected: a 307's Location names the Host header's host

@@ -283,8 +283,8 @@ def build_parser() -> argparse.ArgumentParser:
     srv.set_defaults(func=_serve)
 
     gen = sub.add_parser("generate", help="generate a chat reply on a local model")
-    gen.add_argument("prompt")
-    gen.add_argument("--system", default=None)
+    gen.add_argument("prompt", help="the user message (rendered with the model's chat template)")
+    gen.add_argument("--system", default=None, help="a system message before the prompt")
     gen.add_argument("--model", default="embedded", help='"embedded", a .gguf file or a HF model directory')
     gen.add_argument("--draft", default=None,
                      help="a draft head (.safetensors from `draftgate distill`) or a draft model (.gguf or HF "
@@ -293,7 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="drafters in order: grammar, ngram, draft (default: ngram draft; grammar is added "
                           "under a constraint)")
     gen.add_argument("--dtype", default="auto", help="auto (bf16 where the CPU has it), bf16, fp32, fp64 or fp16")
-    gen.add_argument("--max-tokens", type=_positive, default=256)
+    gen.add_argument("--max-tokens", type=_positive, default=256, help="new tokens at most (default 256)")
     gen.add_argument("--max-draft-tokens", type=int, default=8,
                      help="drafts per pass at most (default 8; fewer where bigger passes do not pay on this machine)")
     gen.add_argument("--no-fit", action="store_true",
@@ -306,11 +306,13 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--sampled-tree", action="store_true",
                      help="at --temperature > 0 too, a tree drawn from the head's distribution "
                           "(implies --sampled-draft; default: a chain there)")
-    gen.add_argument("--temperature", type=float, default=0.0)
-    gen.add_argument("--top-k", type=int, default=0)
-    gen.add_argument("--top-p", type=float, default=1.0)
-    gen.add_argument("--seed", type=int, default=None)
-    gen.add_argument("--stop", action="append", default=[])
+    gen.add_argument("--temperature", type=float, default=0.0,
+                     help="0 (the default here, unlike the API's 1): greedy; above 0: sampled")
+    gen.add_argument("--top-k", type=int, default=0, help="sample from the k likeliest tokens only (0: all)")
+    gen.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: the likeliest tokens up to this mass")
+    gen.add_argument("--seed", type=int, default=None, help="a sampled output's seed: the same seed, the same output")
+    gen.add_argument("--stop", action="append", default=[], metavar="TEXT",
+                     help="end the output before this text (repeat for several)")
     gen.add_argument("--no-speculative", action="store_true", help="target-only decoding")
     gen.add_argument("--stream", action="store_true", help="print text as it is generated")
     gen.add_argument("--tools", default=None, metavar="FILE", help="OpenAI-style tools, a JSON array")
@@ -331,8 +333,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--category", action="append", default=None, choices=[*CATEGORIES, CONSTRAINED, LONG],
                        help="only these categories (repeat the option for several); `long` (agent sessions of "
                             "1.9k-2.6k tokens) runs only when named")
-    bench.add_argument("--temperature", type=float, default=0.0)
-    bench.add_argument("--dtype", default="auto")
+    bench.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy; above 0: sampled")
+    bench.add_argument("--dtype", default="auto", help="auto (bf16 where the CPU has it), bf16, fp32, fp64 or fp16")
     bench.add_argument("--draft", default=None,
                        help="the draft for the draft rows: a draft head or a draft model (default: the shipped one)")
     bench.add_argument("--no-draft", action="store_true", help="no draft rows")
@@ -380,7 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
     dist.add_argument("--max-new-tokens", type=int, default=160, help="tokens the target generates per prompt")
     dist.add_argument("--data", default=None, metavar="FILE", help="the data set file (default: in the cache)")
     dist.add_argument("--resume", action="store_true", help="continue from this configuration's checkpoint")
-    dist.add_argument("--dtype", default="auto")
+    dist.add_argument("--dtype", default="auto", help="the target's dtype (auto: bf16 where the CPU has it)")
     dist.add_argument("--evaluate", nargs="+", metavar="HEAD",
                       help="train nothing: score these draft head files' greedy chains on the bench prompts' own "
                            "outputs (offline, never trained on)")
@@ -394,6 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     level = logging.INFO if args.verbose else logging.WARNING
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("LiteLLM").setLevel(logging.WARNING)  # its INFO lines say little, on every upstream call
     try:
         return int(args.func(args))
     except DecodingError as exc:

@@ -155,5 +155,14 @@ class LocalModel:
             generation.close()
         result = generation.result
         if job.cancelled.is_set():
+            log.info("%s: cancelled after %d tokens (the client left or timed out)", self.name,
+                     result.completion_tokens)
             return
-        job.emit(Done(job.prepared.finish(result), result, started - job.enqueued_at))
+        done = Done(job.prepared.finish(result), result, started - job.enqueued_at)
+        s = result.stats
+        log.info("%s: %d prompt (%d cached) + %d completion tokens, %s, queued %.2f s, first token %.2f s, "
+                 "%.2f s in all, %d target passes, %d of %d drafts accepted", self.name, result.prompt_tokens,
+                 s.cached_prompt_tokens, result.completion_tokens, done.output.finish_reason, done.queued_s,
+                 result.prefill_s, result.prefill_s + result.decode_s, s.target_passes, s.accepted_tokens,
+                 s.draft_tokens)
+        job.emit(done)

@@ -125,6 +125,11 @@ def test_health_and_unknown_paths(gateway_url: str) -> None:
     assert httpx.get(f"{root}/openapi.json", timeout=10).status_code == 404  # nothing served outside the API
     missing = httpx.get(f"{root}/v1/nothing-here", timeout=10)
     assert missing.status_code == 404 and envelope(missing)["code"] == "not_found"
+    assert envelope(missing)["message"].startswith("Invalid URL (GET /v1/nothing-here): not found; this gateway "
+                                                   "serves POST /v1/chat/completions")
+    wrong_method = httpx.get(f"{root}/v1/chat/completions", timeout=10)
+    assert wrong_method.status_code == 405 and envelope(wrong_method)["code"] == "method_not_allowed"
+    assert "(GET /v1/chat/completions): method not allowed" in envelope(wrong_method)["message"]
     # a trailing slash is served, not redirected (a 307's Location would name whatever Host was sent)
     listed = httpx.get(f"{root}/v1/models/", headers=AUTH, timeout=10)
     assert listed.status_code == 200 and listed.json()["object"] == "list"

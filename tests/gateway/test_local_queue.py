@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import pytest
@@ -54,6 +55,24 @@ def test_concurrent_jobs_each_get_their_own_text(tiny_model: TinyFactory) -> Non
 
     assert asyncio.run(main()) == alone
     local.close()
+
+
+def test_each_finished_request_logs_one_line_at_info(tiny_model: TinyFactory,
+                                                     caplog: pytest.LogCaptureFixture) -> None:
+    """What `draftgate -v serve` shows per request: tokens, finish reason, times, passes and drafts."""
+    target = tiny_model(vocab_size=16, dtype=torch.float32)
+    engine = Engine(target)
+    local = LocalModel("tiny", ChatEngine(engine), max_queue=2, timeout_s=60)
+
+    async def main() -> Done:
+        return (await collect(local, local.submit(prepared(engine, [0, 3, 5], 7))))[1]
+
+    with caplog.at_level(logging.INFO, logger="gateway.local"):
+        done = asyncio.run(main())
+    local.close()
+    (line,) = [r.getMessage() for r in caplog.records if r.name == "gateway.local"]
+    assert line.startswith("tiny: 3 prompt (0 cached) + 7 completion tokens, length, queued ")
+    assert f"{done.result.stats.target_passes} target passes, 0 of 0 drafts accepted" in line
 
 
 def test_a_full_queue_is_refused_with_a_retry_time(tiny_model: TinyFactory) -> None:
