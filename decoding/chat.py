@@ -60,6 +60,15 @@ def _text(content: Any, where: str, allow_none: bool = False) -> str:
     raise MessageError(f"{where} must be a string or a list of text parts", param=where)
 
 
+def _check_answered(at: int, ids: list[str]) -> None:
+    """An assistant message's tool calls are each answered by a tool message before any other message
+    (OpenAI refuses the same): a call left unanswered would leave the model to guess its result."""
+    if ids:
+        raise MessageError(f"messages[{at}] (an assistant message with tool_calls) must be followed by tool messages "
+                           f"answering each call; no result for {', '.join(map(repr, ids))}",
+                           param=f"messages[{at}].tool_calls")
+
+
 def normalize_messages(messages: Any, tools: list[Tool], choice: ToolChoice,
                        answer_schema: dict[str, Any] | None = None) -> list[dict[str, str]]:
     """OpenAI messages -> plain ChatML turns; every error names the message and field. `answer_schema`:
@@ -68,6 +77,7 @@ def normalize_messages(messages: Any, tools: list[Tool], choice: ToolChoice,
         raise MessageError("'messages' must be a non-empty array", param="messages")
     turns: list[dict[str, str]] = []
     call_names: dict[str, str] = {}  # tool_call_id -> function name, from earlier assistant turns
+    unanswered: tuple[int, list[str]] = (-1, [])  # the latest assistant message's calls with no result yet
     for i, message in enumerate(messages):
         where = f"messages[{i}]"
         if not isinstance(message, dict):
@@ -75,6 +85,8 @@ def normalize_messages(messages: Any, tools: list[Tool], choice: ToolChoice,
         role = message.get("role")
         if role not in ROLES:
             raise MessageError(f"{where}.role must be one of {', '.join(ROLES)}, got {role!r}", param=f"{where}.role")
+        if role != "tool":
+            _check_answered(*unanswered)
         if role == "assistant":
             calls = message.get("tool_calls") or []
             if not isinstance(calls, list):
@@ -88,17 +100,20 @@ def normalize_messages(messages: Any, tools: list[Tool], choice: ToolChoice,
                                        param=f"{where}.tool_calls[{j}]")
                 assert isinstance(fn, dict)
                 call_names[call["id"]] = fn["name"]
+            unanswered = (i, [call["id"] for call in calls])
             if calls:
                 text = (text + "\n" if text else "") + render_calls(calls)
             turns.append({"role": "assistant", "content": text})
         elif role == "tool":
             call_id = message.get("tool_call_id")
-            if call_id is None:
-                raise MessageError(f"{where} (a tool result) needs tool_call_id: the id of the assistant's tool "
-                                   "call it answers", param=f"{where}.tool_call_id")
+            if not isinstance(call_id, str):
+                raise MessageError(f"{where} (a tool result) needs tool_call_id: the id (a string) of the "
+                                   "assistant's tool call it answers", param=f"{where}.tool_call_id")
             if call_id not in call_names:
                 raise MessageError(f"{where}.tool_call_id {call_id!r} answers no tool call of an earlier assistant "
                                    "message", param=f"{where}.tool_call_id")
+            if call_id in unanswered[1]:
+                unanswered[1].remove(call_id)
             result = json.dumps({"name": call_names[call_id], "content": _text(message.get("content"),
                                                                               f"{where}.content")},
                                 ensure_ascii=False)
@@ -110,6 +125,7 @@ def normalize_messages(messages: Any, tools: list[Tool], choice: ToolChoice,
         else:
             turns.append({"role": "system" if role == "developer" else role,
                           "content": _text(message.get("content"), f"{where}.content")})
+    _check_answered(*unanswered)
     if tools and choice.mode != "none":
         described = tools_prompt(tools, choice, answer_schema)
         if turns[0]["role"] == "system":

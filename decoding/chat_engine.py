@@ -16,7 +16,7 @@ from typing import Any
 from decoding.chat import render_prompt
 from decoding.constraints.backends import Backend, make_backend
 from decoding.constraints.bounds import Bounds
-from decoding.errors import InvalidRequestError
+from decoding.errors import STOP_WITH_STRUCTURE, ParameterCombinationError
 from decoding.generate import Engine, Generation, GenerationConfig, GenerationResult
 from decoding.structured import ChatOutput, OutputPlan, parse_response_format, plan_output
 from decoding.tools import parse_tool_choice, parse_tools
@@ -40,6 +40,7 @@ class ChatRequest:
     parallel_tool_calls: bool | None = None
     response_format: Any = None
     fit_max_tokens: bool = False  # the client set no limit: cut max_new_tokens to what the context leaves
+    limit_field: str = "max_tokens"  # the request field that set max_new_tokens, as errors name it
 
 
 @dataclass
@@ -82,14 +83,13 @@ class ChatEngine:
         config = request.config
         if plan.spec is not None:
             if config.stop:
-                raise InvalidRequestError("'stop' cannot be combined with tools or a JSON response_format: a stop "
-                                          "sequence would cut the structured output", param="stop")
+                raise ParameterCombinationError(STOP_WITH_STRUCTURE, param="stop")
             config = replace(config, grammar=self.backend(options.backend).compile(plan.spec))
         prompt = render_prompt(self.engine.target.tokenizer, request.messages, tools, choice, plan.json_schema)
         if request.fit_max_tokens:
             room = max(self.engine.max_context - len(prompt), 1)
             config = replace(config, max_new_tokens=min(config.max_new_tokens, room))
-        self.engine.check_length(prompt, config)
+        self.engine.check_length(prompt, config, request.limit_field)
         return PreparedChat(prompt, config, plan, self.engine)
 
     def complete(self, request: ChatRequest) -> tuple[ChatOutput, GenerationResult]:

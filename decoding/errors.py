@@ -36,6 +36,16 @@ class UnknownDrafterError(InvalidRequestError, ModelLoadError):
     cannot be built as asked."""
 
 
+class ParameterCombinationError(InvalidRequestError):
+    """Two request fields that cannot go together (each fine alone)."""
+
+    code = "invalid_parameter_combination"
+
+
+STOP_WITH_STRUCTURE = ("'stop' cannot be combined with tools or a JSON response_format: a stop sequence would cut "
+                       "the structured output")
+
+
 class ContextLengthError(InvalidRequestError):
     """Prompt plus max tokens exceeds the model's context."""
 

@@ -199,17 +199,18 @@ class Engine:
         self.check_length(prompt, config)
         return Generation(self, list(prompt), config)
 
-    def check_length(self, prompt: list[int], config: GenerationConfig) -> None:
+    def check_length(self, prompt: list[int], config: GenerationConfig, limit_field: str = "max_tokens") -> None:
         """Refuse up front a prompt plus max new tokens that the context cannot hold: the prompt's fault
-        when it leaves no room for one new token, else max_tokens'."""
+        when it leaves no room for one new token, else the limit's (`limit_field`: the request's name
+        for it)."""
         size = max(len(prompt), 1)
         if size + 1 > self.max_context:
             raise ContextLengthError(f"the prompt is {len(prompt)} tokens: the context of {self.max_context} "
                                      "leaves no room for a reply", param="messages")
         if size + config.max_new_tokens > self.max_context:
             raise ContextLengthError(
-                f"prompt of {len(prompt)} tokens plus max_tokens {config.max_new_tokens} exceeds the context of "
-                f"{self.max_context}: at most {self.max_context - size} new tokens fit", param="max_tokens")
+                f"prompt of {len(prompt)} tokens plus {limit_field} {config.max_new_tokens} exceeds the context of "
+                f"{self.max_context}: at most {self.max_context - size} new tokens fit", param=limit_field)
 
     def complete(self, prompt: list[int], config: GenerationConfig) -> GenerationResult:
         return self.generate(prompt, config).result

@@ -25,7 +25,7 @@ TOP_P_CANDIDATES = 1024
 class SamplingParams:
     temperature: float = 0.0  # 0 means greedy
     top_k: int = 0  # 0 means off
-    top_p: float = 1.0  # 1 means off
+    top_p: float = 1.0  # 1 means off; 0 (OpenAI's range includes it) keeps the likeliest token alone
     seed: int | None = None
 
     def __post_init__(self) -> None:
@@ -33,8 +33,8 @@ class SamplingParams:
             raise InvalidRequestError(f"temperature must be >= 0, got {self.temperature}")
         if self.top_k < 0:
             raise InvalidRequestError(f"top_k must be >= 0, got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise InvalidRequestError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0.0 <= self.top_p <= 1.0:
+            raise InvalidRequestError(f"top_p must be in [0, 1], got {self.top_p}")
         if self.seed is not None and not SEED_MIN <= self.seed <= SEED_MAX:
             raise InvalidRequestError(f"seed must be in [{SEED_MIN}, {SEED_MAX}], got {self.seed}")
 

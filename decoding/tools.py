@@ -147,24 +147,37 @@ def parse_tool_choice(raw: Any, tools: list[Tool], parallel_tool_calls: bool | N
 _REF = re.compile(r"^#(/(?:\$defs|definitions)/)?(.*)$")
 
 
-def _rehome(schema: Any, prefix: str) -> Any:
-    """Rewrite local `$ref`s of a tool's parameters for their new home under the calls schema's `$defs`."""
+# keywords whose values are data, never schemas: copied as they are
+_DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples", "required"})
+# keywords whose values map names (a property's, say) to schemas: the names are data
+_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "dependentSchemas"})
+
+
+def _rehome(schema: Any, prefix: str, where: str) -> Any:
+    """Rewrite local `$ref`s of a tool's parameters for their new home under the calls schema's `$defs`;
+    `$defs` and `definitions` move there (calls_schema). Only schema keywords are rewritten: a property
+    named `definitions`, or a `$ref` string inside a `const`, is the tool's data and stays."""
     if isinstance(schema, list):
-        return [_rehome(s, prefix) for s in schema]
+        return [_rehome(s, prefix, where) for s in schema]
     if not isinstance(schema, dict):
         return schema
-    out = {}
+    out: dict[str, Any] = {}
     for key, value in schema.items():
         if key == "$ref" and isinstance(value, str) and value.startswith("#"):
             match = _REF.match(value)
             assert match is not None
             if not match.group(1) and match.group(2):
-                raise ToolError(f"unsupported $ref {value!r}: only '#', '#/$defs/...' and '#/definitions/...'")
+                raise ToolError(f"{where}: unsupported $ref {value!r}: only '#', '#/$defs/...' and "
+                                "'#/definitions/...'", param=where)
             out[key] = f"#/$defs/{prefix}" + (f"__{match.group(2)}" if match.group(1) else "")
         elif key in ("$defs", "definitions"):
             continue
+        elif key in _DATA_KEYWORDS:
+            out[key] = value
+        elif key in _SCHEMA_MAPS and isinstance(value, dict):
+            out[key] = {name: _rehome(sub, prefix, where) for name, sub in value.items()}
         else:
-            out[key] = _rehome(value, prefix)
+            out[key] = _rehome(value, prefix, where)
     return out
 
 
@@ -173,13 +186,14 @@ def calls_schema(tools: list[Tool], choice: ToolChoice) -> dict[str, Any]:
     defs: dict[str, Any] = {}
     items = []
     by_name = {t.name: t for t in tools}
+    index = {t.name: i for i, t in enumerate(tools)}
     for i, name in enumerate(choice.allowed):
         params = copy.deepcopy(by_name[name].parameters)
-        prefix = f"tool{i}"
+        prefix, where = f"tool{i}", f"tools[{index[name]}].function.parameters"
         for key in ("$defs", "definitions"):
             for def_name, sub in (params.get(key) or {}).items():
-                defs[f"{prefix}__{def_name}"] = _rehome(sub, prefix)
-        defs[prefix] = _rehome(params, prefix)
+                defs[f"{prefix}__{def_name}"] = _rehome(sub, prefix, where)
+        defs[prefix] = _rehome(params, prefix, where)
         items.append({
             "type": "object",
             "properties": {"name": {"const": name}, "arguments": {"$ref": f"#/$defs/{prefix}"}},
@@ -197,17 +211,6 @@ def calls_schema(tools: list[Tool], choice: ToolChoice) -> dict[str, Any]:
 def new_call_id() -> str:
     alphabet = string.ascii_letters + string.digits
     return "call_" + "".join(secrets.choice(alphabet) for _ in range(24))
-
-
-def parse_tool_calls(text: str, marker: str = TOOL_CALL_MARKER) -> list[ToolCall] | None:
-    """The calls in a constrained output, or None when it is plain text (no marker at the start)."""
-    if not text.startswith(marker):
-        return None
-    try:
-        calls = json.loads(text[len(marker):])
-    except json.JSONDecodeError as exc:
-        raise ConstraintError(f"tool call output is not JSON: {exc}") from exc
-    return tool_calls_from(calls)
 
 
 def cut_tool_calls(text: str) -> list[ToolCall]:

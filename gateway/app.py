@@ -40,6 +40,26 @@ def failure(exc: Exception) -> JSONResponse:
     return error_response(error)
 
 
+async def read_body(request: Request, limit: int) -> bytes:
+    """The request body, refused (413) as soon as it passes `limit` bytes: by its declared length, or, sent
+    in chunks, before more than a chunk past the limit is held."""
+    declared = (request.headers.get("content-length") or "").strip()
+    if declared.isdigit() and int(declared) > limit:  # (a length that is no number: the count below decides)
+        raise BodyTooLargeError(int(declared), limit)
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise BodyTooLargeError(size, limit, complete=False)
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def limit_of(gateway: GatewayState) -> int:
+    return gateway.policy.server.max_body_bytes
+
+
 SERVED = "this gateway serves POST /v1/chat/completions, GET /v1/models, GET /v1/models/{model} and GET /health"
 
 
@@ -63,7 +83,8 @@ def create_app(policy: Policy, state: GatewayState | None = None) -> FastAPI:
         message = str(exc.detail)
         if exc.status_code in (404, 405):  # as OpenAI words it, and what is served here
             message = f"Invalid URL ({request.method} {request.url.path}): {message.lower()}; {SERVED}"
-        return error_response(ApiError(exc.status_code, message, "invalid_request_error", code))
+        return error_response(ApiError(exc.status_code, message, "invalid_request_error", code,
+                                       headers=dict(exc.headers or {})))  # a 405's Allow
 
     @app.post("/v1/chat/completions")
     @app.post("/v1/chat/completions/")  # served, not redirected: a 307's Location names the Host header's host
@@ -77,14 +98,7 @@ def create_app(policy: Policy, state: GatewayState | None = None) -> FastAPI:
 
     async def _chat(request: Request) -> Response:
         gateway.keys.check(request.headers.get("authorization"))
-        limit = gateway.policy.server.max_body_bytes
-        declared = int(request.headers.get("content-length") or 0)
-        if declared > limit:
-            raise BodyTooLargeError(declared, limit)
-        body = await request.body()
-        if len(body) > limit:
-            raise BodyTooLargeError(len(body), limit)
-        return await chat_completions(gateway, parse_request(body), request)
+        return await chat_completions(gateway, parse_request(await read_body(request, limit_of(gateway))), request)
 
     def model_card(route: Route) -> dict[str, Any]:
         return {"id": route.model, "object": "model", "created": gateway.started,

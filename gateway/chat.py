@@ -21,7 +21,7 @@ from decoding.sampling import SamplingParams
 from gateway import upstream
 from gateway.errors import UnknownModelError, to_api_error
 from gateway.local import Done, Job, LocalModel
-from gateway.protocol import ChatCompletionRequest
+from gateway.protocol import ChatCompletionRequest, RequestError
 from gateway.responses import DONE, ChunkWriter, completion, completion_id, draftgate_stats, sse, usage
 from gateway.state import GatewayState
 
@@ -42,6 +42,9 @@ async def chat_completions(state: GatewayState, req: ChatCompletionRequest, requ
     if route is None:
         raise UnknownModelError(req.model, [r.model for r in state.policy.routes])
     if route.upstream is not None:
+        if req.top_k:  # it would change the distribution: never dropped in silence
+            raise RequestError(f"'top_k' is a draftgate extension of its local routes; the upstream route "
+                               f"{req.model!r} does not take it", "top_k", "unsupported_parameter")
         params, timeout_s = req.passthrough(), state.policy.server.request_timeout_s
         if req.stream:
             chunks = await upstream.stream(route.upstream, req.model, req.messages, params, timeout_s)
@@ -50,8 +53,8 @@ async def chat_completions(state: GatewayState, req: ChatCompletionRequest, requ
     assert route.local is not None
     local = state.local[req.model]
     speculative = route.local.speculative.enabled and req.speculative is not False
-    prepared = await local.prepare(chat_request(req, speculative))
-    job = local.submit(prepared)
+    job = await local.admit(chat_request(req, speculative))
+    prepared = job.prepared
     if req.stream:
         writer = ChunkWriter(req.model, req.include_usage)
         frames = _local_frames(local, job, writer, prepared.plan.calls is not None, speculative)
@@ -71,7 +74,8 @@ def chat_request(req: ChatCompletionRequest, speculative: bool) -> ChatRequest:
                               stop=req.stop_sequences, speculative=speculative)
     return ChatRequest(req.messages, config, tools=req.tools, tool_choice=req.tool_choice,
                        parallel_tool_calls=req.parallel_tool_calls, response_format=req.response_format,
-                       fit_max_tokens=limit is None)
+                       fit_max_tokens=limit is None,
+                       limit_field="max_tokens" if req.max_completion_tokens is None else "max_completion_tokens")
 
 
 async def _collect(local: LocalModel, job: Job, request: Request) -> Done:

@@ -42,8 +42,9 @@ class UnknownModelError(Exception):
 class BodyTooLargeError(Exception):
     code = "request_too_large"
 
-    def __init__(self, size: int, limit: int) -> None:
-        super().__init__(f"the request body is {size} bytes; this gateway takes at most {limit}")
+    def __init__(self, size: int, limit: int, complete: bool = True) -> None:
+        told = f"{size} bytes" if complete else f"more than {limit} bytes ({size} read)"
+        super().__init__(f"the request body is {told}; this gateway takes at most {limit}")
         self.param = None
 
 

@@ -2,18 +2,20 @@
 
 The engine decodes one request at a time (the model is in this process). Requests are prepared
 (rendered, constrained, checked: every 400 happens here) on a thread of their own, then queued; the
-worker runs them in order and hands text deltas back to the request's event loop. A full queue is
-refused at once (429 with Retry-After); a request past its deadline, or whose client went away, is
-cancelled between two decode steps, and the worker moves on.
+worker runs them in order and hands text deltas back to the request's event loop. A request holds a
+slot of the queue from its arrival, its preparation (a schema compile, up to a minute) included, until
+the worker takes it or it is cancelled; with every slot held, the next is refused at once (429 with
+Retry-After). A request past its deadline (counted from its arrival), or whose client went away, is
+cancelled between two decode steps, or leaves the queue, and the worker moves on.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import queue
 import threading
 import time
+from collections import deque
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -79,7 +81,11 @@ class LocalModel:
         self.name = name
         self.chat = chat
         self.timeout_s = timeout_s
-        self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
+        self.max_queue = max_queue
+        self._lock = threading.Condition()
+        self._preparing = 0  # requests holding a slot while they are prepared
+        self._waiting: deque[Job] = deque()  # prepared, for the worker (cancelled ones leave when seen)
+        self._closed = False
         self._recent_s = 5.0  # a running estimate of one request's service time, for Retry-After
         self._worker = threading.Thread(target=self._work, name=f"engine-{name}", daemon=True)
         self._worker.start()
@@ -87,18 +93,46 @@ class LocalModel:
 
     @property
     def queued(self) -> int:
-        return self._queue.qsize()
+        """Requests holding a slot: being prepared, or waiting for the worker."""
+        with self._lock:
+            self._drop_cancelled()
+            return self._preparing + len(self._waiting)
 
-    async def prepare(self, request: ChatRequest) -> PreparedChat:
-        return await asyncio.get_running_loop().run_in_executor(self._preparers, self.chat.prepare, request)
+    async def admit(self, request: ChatRequest) -> Job:
+        """Take a slot (or refuse, 429), prepare the request on it (its 400s come from here), queue it."""
+        arrived = time.perf_counter()
+        self._reserve()
+        try:
+            prepared = await asyncio.get_running_loop().run_in_executor(self._preparers, self.chat.prepare, request)
+        except BaseException:
+            with self._lock:
+                self._preparing -= 1
+            raise
+        return self._enqueue(prepared, arrived)
 
     def submit(self, prepared: PreparedChat) -> Job:
-        job = Job(prepared, asyncio.get_running_loop())
-        try:
-            self._queue.put_nowait(job)
-        except queue.Full:
-            raise QueueFullError(self.name, max(1, round(self._recent_s * self._queue.maxsize / 2))) from None
+        """Queue a request prepared already (or refuse it, 429)."""
+        self._reserve()
+        return self._enqueue(prepared, time.perf_counter())
+
+    def _reserve(self) -> None:
+        with self._lock:
+            self._drop_cancelled()
+            if self._preparing + len(self._waiting) >= self.max_queue:
+                raise QueueFullError(self.name, max(1, round(self._recent_s * self.max_queue / 2)))
+            self._preparing += 1
+
+    def _enqueue(self, prepared: PreparedChat, arrived: float) -> Job:
+        job = Job(prepared, asyncio.get_running_loop(), enqueued_at=arrived)
+        with self._lock:
+            self._preparing -= 1
+            self._waiting.append(job)
+            self._lock.notify()
         return job
+
+    def _drop_cancelled(self) -> None:  # (holding the lock) a request gone while waiting frees its slot
+        if any(job.cancelled.is_set() for job in self._waiting):
+            self._waiting = deque(job for job in self._waiting if not job.cancelled.is_set())
 
     async def events(self, job: Job, heartbeat_s: float = 1.0) -> AsyncIterator[str | Done | None]:
         """The job's text deltas, then its `Done`; None after each `heartbeat_s` without news (while
@@ -123,16 +157,30 @@ class LocalModel:
             job.cancelled.set()  # a no-op once done; otherwise the worker stops at its next step
 
     def close(self) -> None:
-        self._queue.put(None)
+        """Stop the worker after its current step; waiting requests are cancelled. Never blocks."""
+        with self._lock:
+            self._closed = True
+            for job in self._waiting:
+                job.cancelled.set()
+            self._waiting.clear()
+            self._lock.notify_all()
         self._preparers.shutdown(wait=False, cancel_futures=True)
+
+    def _next(self) -> Job | None:
+        with self._lock:
+            while not self._closed:
+                while self._waiting:
+                    job = self._waiting.popleft()
+                    if not job.cancelled.is_set():
+                        return job
+                self._lock.wait()
+            return None
 
     def _work(self) -> None:
         while True:
-            job = self._queue.get()
+            job = self._next()
             if job is None:
                 return
-            if job.cancelled.is_set():
-                continue
             started = time.perf_counter()
             try:
                 self._run(job, started)

@@ -16,9 +16,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from decoding.errors import InvalidRequestError
+from decoding.errors import STOP_WITH_STRUCTURE, InvalidRequestError
 from decoding.sampling import SEED_MAX, SEED_MIN
-from gateway.shapes import unknown_field
+from gateway.shapes import strip_response_fields, unknown_field
 
 
 class RequestError(InvalidRequestError):
@@ -43,7 +43,7 @@ class ChatCompletionRequest(BaseModel):
     max_completion_tokens: int | None = Field(default=None, ge=1)
     max_tokens: int | None = Field(default=None, ge=1)  # deprecated alias of max_completion_tokens
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    top_p: float | None = Field(default=None, gt=0.0, le=1.0)
+    top_p: float | None = Field(default=None, ge=0.0, le=1.0)
     top_k: int | None = Field(default=None, ge=0)  # an extension (vLLM's name)
     seed: int | None = Field(default=None, ge=SEED_MIN, le=SEED_MAX)  # what a torch generator takes
     stop: str | list[str] | None = None
@@ -126,6 +126,10 @@ def unsupported(request: ChatCompletionRequest) -> RequestError | None:
         return RequestError("setting 'max_tokens' and 'max_completion_tokens' at the same time is not supported: "
                             "'max_tokens' is the deprecated name of 'max_completion_tokens'", "max_tokens",
                             "invalid_parameter_combination")
+    shaped = isinstance(request.response_format, dict) and request.response_format.get("type") != "text"
+    structured = (request.tools and request.tool_choice != "none") or shaped
+    if request.stop_sequences and structured:  # on every route: one request surface (README)
+        return RequestError(STOP_WITH_STRUCTURE, "stop", "invalid_parameter_combination")
     if request.stream_options is not None and not request.stream:  # as OpenAI: options of a stream not asked for
         return RequestError("'stream_options' is only allowed when 'stream' is true", "stream_options", "invalid_value")
     if isinstance(request.stop, list) and len(request.stop) > 4:
@@ -133,6 +137,29 @@ def unsupported(request: ChatCompletionRequest) -> RequestError | None:
     if "" in request.stop_sequences:
         return RequestError("'stop' sequences must be non-empty strings", "stop", "invalid_value")
     return None
+
+
+# fields that take one of several JSON types, and how to say so: pydantic tries each branch and names it
+# in the error's location ("stop.str"), which is no field of the request
+_UNION_FIELDS = {"stop": "a string or an array of strings", "tool_choice": "a string or an object",
+                 "function_call": "a string or an object"}
+_BRANCH = {list: "list[", dict: "dict["}
+
+
+def _one_error(exc: ValidationError, raw: dict[str, Any]) -> tuple[tuple[Any, ...], str, str, Any]:
+    """The error to report, as (location, message, kind, the value at fault). For a union field, the
+    error of the branch the value's JSON type chose (`stop[1]` in ["a", 5]), else that it has neither type."""
+    errors = exc.errors()
+    first = errors[0]
+    field = first["loc"][0]
+    if field not in _UNION_FIELDS or len(first["loc"]) < 2:
+        return tuple(first["loc"]), first["msg"].lower(), first["type"], first.get("input")
+    value = raw.get(field)
+    prefix = next((p for t, p in _BRANCH.items() if isinstance(value, t)), None)
+    chosen = next((e for e in errors if e["loc"][0] == field and prefix and str(e["loc"][1]).startswith(prefix)), None)
+    if chosen is not None:
+        return (field, *chosen["loc"][2:]), chosen["msg"].lower(), chosen["type"], chosen.get("input")
+    return (field,), f"must be {_UNION_FIELDS[field]}", "union_type", value
 
 
 def _param(loc: tuple[Any, ...]) -> str:
@@ -211,18 +238,18 @@ def parse_request(body: bytes) -> ChatCompletionRequest:
     try:
         request = ChatCompletionRequest.model_validate(raw)
     except ValidationError as exc:
-        error = exc.errors()[0]
-        param = _param(tuple(error["loc"]))
-        kind = error["type"]
+        loc, message, kind, value = _one_error(exc, raw)
+        param = _param(loc)
         if kind == "extra_forbidden":
             raise RequestError(f"unknown parameter '{param}'", param, "unknown_parameter") from exc
         if kind == "missing":
             raise RequestError(f"missing required parameter '{param}'", param, "missing_required_parameter") from exc
-        given = json.dumps(error.get("input"), default=str)[:80]
-        raise RequestError(f"'{param}': {error['msg'].lower()} (got {given})", param, "invalid_type"
+        given = json.dumps(value, default=str)[:80]
+        raise RequestError(f"'{param}': {message} (got {given})", param, "invalid_type"
                            if kind.endswith("_type") or kind.startswith("literal") else "invalid_value") from exc
     if (nested := unknown_field(request.messages, request.tools, request.response_format)) is not None:
         raise RequestError(f"unknown parameter '{nested}'", nested, "unknown_parameter")
+    request.messages = strip_response_fields(request.messages)
     problem = unsupported(request)
     if problem is not None:
         raise problem

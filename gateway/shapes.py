@@ -12,17 +12,27 @@ from __future__ import annotations
 
 from typing import Any
 
+# fields of a *response's* message that clients send back when they append it to the history as it came
+# (the OpenAI SDK's stream helper and `.parse`, `model_dump()`, litellm's Message): accepted, and dropped
+# (`strip_response_fields`) so neither the local engine nor a provider sees them
+RESPONSE_ONLY = {
+    "assistant": frozenset({"annotations", "parsed", "reasoning_content", "thinking_blocks",
+                            "provider_specific_fields"}),
+    "tool_call": frozenset({"index"}),
+    "function": frozenset({"parsed_arguments"}),
+}
 _MESSAGE_FIELDS = {
     "system": {"role", "content", "name"},
     "developer": {"role", "content", "name"},
     "user": {"role", "content", "name"},
-    "assistant": {"role", "content", "name", "refusal", "tool_calls", "audio", "function_call"},
+    "assistant": {"role", "content", "name", "refusal", "tool_calls", "audio", "function_call",
+                  *RESPONSE_ONLY["assistant"]},
     "tool": {"role", "content", "tool_call_id"},
 }
 # content parts by type (other types are refused by decoding/chat.py, by type)
 _PART_FIELDS = {"text": {"type", "text"}, "input_text": {"type", "text"}, "refusal": {"type", "refusal"}}
-_CALL_FIELDS = {"id", "type", "function"}
-_CALL_FUNCTION_FIELDS = {"name", "arguments"}
+_CALL_FIELDS = {"id", "type", "function", *RESPONSE_ONLY["tool_call"]}
+_CALL_FUNCTION_FIELDS = {"name", "arguments", *RESPONSE_ONLY["function"]}
 _TOOL_FIELDS = {"type", "function"}
 _FUNCTION_FIELDS = {"name", "description", "parameters", "strict"}
 _FORMAT_FIELDS = {"type", "json_schema"}
@@ -71,3 +81,26 @@ def unknown_field(messages: list[Any], tools: list[Any] | None, response_format:
     return _extra(response_format, _FORMAT_FIELDS, "response_format") or _extra(
         response_format.get("json_schema") if isinstance(response_format, dict) else None, _JSON_SCHEMA_FIELDS,
         "response_format.json_schema")
+
+
+def strip_response_fields(messages: list[Any]) -> list[Any]:
+    """The messages without the response-only fields of an assistant message sent back (RESPONSE_ONLY);
+    everything else as it came."""
+    out = []
+    for message in messages:
+        if isinstance(message, dict) and message.get("role") == "assistant":
+            message = {k: v for k, v in message.items() if k not in RESPONSE_ONLY["assistant"]}
+            calls = message.get("tool_calls")
+            if isinstance(calls, list):
+                message["tool_calls"] = [_strip_call(c) for c in calls]
+        out.append(message)
+    return out
+
+
+def _strip_call(call: Any) -> Any:
+    if not isinstance(call, dict):
+        return call
+    call = {k: v for k, v in call.items() if k not in RESPONSE_ONLY["tool_call"]}
+    if isinstance(call.get("function"), dict):
+        call["function"] = {k: v for k, v in call["function"].items() if k not in RESPONSE_ONLY["function"]}
+    return call

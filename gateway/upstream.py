@@ -14,11 +14,15 @@ import re
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # never fetch the price list at import
 
+import asyncio
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
 from gateway.errors import ApiError
 from policies.model import UpstreamRoute
+
+log = logging.getLogger(__name__)
 
 
 class UpstreamError(Exception):
@@ -227,16 +231,30 @@ async def stream(route: UpstreamRoute, model: str, messages: list[dict[str, Any]
                  params: dict[str, Any], timeout_s: float | None = None) -> AsyncIterator[dict[str, Any]]:
     """The provider's chunks, renamed to the route's model, in a local route's chunk shape and with the
     provider's own extra fields kept. The first is awaited before this returns its iterator, so a refused
-    request is an HTTP error, not a stream that fails."""
+    request is an HTTP error, not a stream that fails. `timeout_s` bounds the whole stream, not only each
+    read: a provider that keeps sending is cut at it (an error frame, `request_timeout`)."""
     litellm = _litellm()
     include_usage = bool((params.get("stream_options") or {}).get("include_usage"))
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout_s is None else loop.time() + timeout_s
+
+    async def next_chunk() -> Any:
+        if deadline is None:
+            return await iterator.__anext__()
+        try:
+            return await asyncio.wait_for(iterator.__anext__(), max(deadline - loop.time(), 0.0))
+        except TimeoutError:
+            await _close(response)
+            raise UpstreamError(ApiError(504, f"upstream for {model!r} did not complete within {timeout_s:g} s",
+                                         "timeout_error", "request_timeout")) from None
+
     try:
         response = await litellm.acompletion(**_call_args(route, messages, {**params, "stream": True}, timeout_s))
         extras = _watch_extras(response)
         iterator = response.__aiter__()
-        first = await iterator.__anext__()
+        first = await next_chunk()
     except StopAsyncIteration:
-        first, iterator = None, None
+        first = None
     except UpstreamError:
         raise
     except Exception as exc:
@@ -251,10 +269,22 @@ async def stream(route: UpstreamRoute, model: str, messages: list[dict[str, Any]
                 body.update({k: v for k, v in extras.pop(0).items() if k not in body})
             yield chunk_shape(body, include_usage)
             try:
-                pending = await iterator.__anext__()
+                pending = await next_chunk()
             except StopAsyncIteration:
                 return
+            except UpstreamError:
+                raise
             except Exception as exc:
                 raise upstream_error(exc, model, timeout_s) from exc
 
     return chunks()
+
+
+async def _close(response: Any) -> None:
+    """Let go of a provider's stream (its connection) that is given up on."""
+    close = getattr(response, "aclose", None)
+    if close is not None:
+        try:
+            await close()
+        except Exception as exc:  # it is given up on either way
+            log.debug("closing an upstream stream: %s", exc)

@@ -104,10 +104,13 @@ class _Walker:
         value_nodes: dict[str, yaml.Node] = {}
         found = len(self.errors)
         for key_node, value_node in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):  # `? [a]` makes a list a key
+                self.errors.append(self.fail(key_node, key, "a key must be a plain name, not a list or mapping"))
+                continue
             name = _scalar(key_node)
             path = _child(key, name)
             try:
-                if name not in known:
+                if not isinstance(name, str) or name not in known:
                     raise self.fail(key_node, path, f"unknown key (known here: {', '.join(known)})")
                 if name in value_nodes:
                     raise self.fail(key_node, path, "given twice")

@@ -130,7 +130,7 @@ class Route:
 
 @dataclass(frozen=True)
 class Server:
-    max_queue: int = 32  # requests waiting for a local engine; one more is answered 429
+    max_queue: int = 32  # requests a local route holds (being prepared or waiting); one more is answered 429
     request_timeout_s: float = 600.0  # queue wait plus generation, per request
     max_body_bytes: int = 4_000_000
 

@@ -61,14 +61,24 @@ def test_calls_and_results_are_written_inline() -> None:
     ([{"role": "user", "content": "x"}, {"role": "tool", "tool_call_id": "call_zz", "content": "r"}],
      "messages[1].tool_call_id"),
     ([{"role": "user", "content": "x"}, {"role": "tool", "content": "r"}], "messages[1].tool_call_id"),
+    # an id that is not a string (unhashable, even) is a 400 too, never a 500
+    ([{"role": "assistant", "content": None, "tool_calls": [{"id": "call_1", "type": "function", "function": {
+        "name": "get_weather", "arguments": "{}"}}]}, {"role": "tool", "tool_call_id": ["call_1"], "content": "r"}],
+     "messages[1].tool_call_id"),
     ([{"role": "assistant", "content": None, "tool_calls": [{"type": "function"}]}], "messages[0].tool_calls[0]"),
+    # calls left without results, before the next message or at the end (OpenAI refuses both)
+    ([{"role": "user", "content": "x"}, {"role": "assistant", "content": None, "tool_calls": [CALL]},
+      {"role": "user", "content": "hi"}], "messages[1].tool_calls"),
+    ([{"role": "user", "content": "x"}, {"role": "assistant", "content": None, "tool_calls": [
+        CALL, {**CALL, "id": "call_b"}]}, {"role": "tool", "tool_call_id": "call_a", "content": "r"}],
+     "messages[1].tool_calls"),
 ])
 def test_bad_messages_name_the_field(messages: list, param: str) -> None:
     with pytest.raises(MessageError) as err:
         normalize_messages(messages, TOOLS, parse_tool_choice("auto", TOOLS))
     assert err.value.param == param and err.value.code == "invalid_messages"
     if param.endswith("tool_call_id"):  # a missing id is said to be missing, a wrong one to answer nothing
-        missing = "tool_call_id" not in messages[-1]
+        missing = not isinstance(messages[-1].get("tool_call_id"), str)
         assert ("needs tool_call_id" in str(err.value)) == missing
 
 

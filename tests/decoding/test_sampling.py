@@ -50,8 +50,9 @@ def test_a_temperature_too_small_for_float32_is_one_hot_not_nan(temperature: flo
     assert next_token(logits[0], SamplingParams(temperature=temperature), torch.Generator().manual_seed(0)) == 1
 
 
-def test_a_top_p_that_rounds_to_zero_keeps_the_likeliest_token() -> None:
-    probs = processed_probs(LOGITS.float(), SamplingParams(temperature=1.0, top_p=1e-46))  # 0.0 in float32
+@pytest.mark.parametrize("top_p", [1e-46, 0.0])  # one that rounds to 0 in float32, and 0 (OpenAI takes it)
+def test_a_top_p_of_zero_keeps_the_likeliest_token(top_p: float) -> None:
+    probs = processed_probs(LOGITS.float(), SamplingParams(temperature=1.0, top_p=top_p))
     assert probs.tolist() == [[1.0, 0.0, 0.0, 0.0, 0.0]]
 
 
@@ -60,7 +61,7 @@ def test_the_whole_64_bit_seed_range_is_accepted() -> None:
         SamplingParams(temperature=1.0, seed=seed).generator()
 
 
-@pytest.mark.parametrize("kwargs", [{"temperature": -1.0}, {"top_k": -2}, {"top_p": 0.0}, {"top_p": 1.5},
+@pytest.mark.parametrize("kwargs", [{"temperature": -1.0}, {"top_k": -2}, {"top_p": -0.1}, {"top_p": 1.5},
                                     {"seed": 2**64}, {"seed": -(2**63) - 1}])
 def test_out_of_range_parameters_are_refused(kwargs: dict[str, float]) -> None:
     with pytest.raises(InvalidRequestError):

@@ -140,7 +140,7 @@ def test_request_errors_come_before_any_token(embedded_tokenizer: Tokenizer) -> 
     assert err.value.param == "tool_choice"
     with pytest.raises(InvalidRequestError) as stop:
         chat.prepare(ChatRequest(MESSAGES, GenerationConfig(stop=("}",)), tools=TOOLS, tool_choice="required"))
-    assert stop.value.param == "stop"
+    assert stop.value.param == "stop" and stop.value.code == "invalid_parameter_combination"
 
 
 def test_outlines_indexes_persist_on_disk(embedded_tokenizer: Tokenizer, tmp_path: Path,

@@ -7,8 +7,9 @@ import json
 import jsonschema
 import pytest
 
+from decoding.constraints.spec import TOOL_CALL_MARKER
 from decoding.errors import ToolError, UnknownToolError
-from decoding.tools import calls_schema, parse_tool_calls, parse_tool_choice, parse_tools, render_calls
+from decoding.tools import calls_schema, parse_tool_choice, parse_tools, render_calls, tool_calls_from
 
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "Weather for a city",
@@ -100,8 +101,33 @@ def test_calls_round_trip_through_the_history_form() -> None:
                 "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]
     text = render_calls(history)
     assert text == '<tool_call>[{"name":"get_weather","arguments":{"city":"Oslo"}}]'
-    calls = parse_tool_calls(text)
-    assert calls is not None and len(calls) == 1
+    calls = tool_calls_from(json.loads(text.removeprefix(TOOL_CALL_MARKER)))
+    assert len(calls) == 1
     assert calls[0].name == "get_weather" and json.loads(calls[0].arguments) == {"city": "Oslo"}
     assert calls[0].id.startswith("call_") and len(calls[0].id) == 29
-    assert parse_tool_calls("It is sunny.") is None
+
+
+def test_only_schema_keywords_move_or_change_in_the_calls_schema() -> None:
+    """A property named `definitions` or `$defs`, and a `$ref` inside a `const`, are the tool's own data
+    (a trial's review found them dropped: no call could satisfy `required`)."""
+    lookup = {"type": "function", "function": {"name": "lookup", "parameters": {
+        "type": "object", "additionalProperties": False, "required": ["term", "definitions", "$defs", "kind"],
+        "properties": {"term": {"$ref": "#/$defs/word"}, "definitions": {"type": "integer"},
+                       "$defs": {"type": "boolean"}, "kind": {"const": {"$ref": "#/not/a/schema"}}},
+        "$defs": {"word": {"type": "string"}}}}}
+    tools = parse_tools([PING, lookup])
+    schema = calls_schema(tools, parse_tool_choice("required", tools))
+    call = [{"name": "lookup", "arguments": {"term": "x", "definitions": 3, "$defs": True,
+                                             "kind": {"$ref": "#/not/a/schema"}}}]
+    jsonschema.validate(call, schema)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate([{"name": "lookup", "arguments": {**call[0]["arguments"], "term": 3}}], schema)
+
+
+def test_an_unsupported_ref_names_its_tool() -> None:
+    bad = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": {"$ref": "#/properties/b"}, "b": {"type": "string"}}}}}
+    tools = parse_tools([WEATHER, bad])
+    with pytest.raises(ToolError) as err:
+        calls_schema(tools, parse_tool_choice("auto", tools))
+    assert err.value.param == "tools[1].function.parameters" and "'#/properties/b'" in str(err.value)

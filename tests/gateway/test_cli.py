@@ -189,7 +189,7 @@ def test_an_unknown_named_tool_is_a_clear_error(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("args", "message"), [
     (("--max-tokens", "0"), "--max-tokens: must be at least 1, got 0"),
     (("--temperature", "-1"), "temperature must be >= 0"),
-    (("--top-p", "5"), "top_p must be in (0, 1]"),
+    (("--top-p", "5"), "top_p must be in [0, 1]"),
     (("--drafters", "foo"), "unknown drafter 'foo' (known: grammar, ngram, draft)"),
     (("--tools", "/nonexistent.json"), "--tools /nonexistent.json"),
     (("--tool-choice", "required"), "--tool-choice needs --tools"),

@@ -50,6 +50,8 @@ def envelope(response: httpx.Response) -> dict[str, Any]:
     ({k: v for k, v in OK.items() if k != "max_tokens"} | {"messages": [{"role": "user", "content": "word " * 9000}]},
      400, "context_length_exceeded", "messages"),  # no max_tokens: still the prompt's fault, not 1 new token's
     ({**OK, "max_tokens": 1_000_000_000}, 400, "context_length_exceeded", "max_tokens"),
+    ({**{k: v for k, v in OK.items() if k != "max_tokens"}, "max_completion_tokens": 1_000_000_000}, 400,
+     "context_length_exceeded", "max_completion_tokens"),  # named as the client sent it
     ({**OK, "tools": [{"type": "function", "function": {"name": "bad name!", "parameters": {}}}]}, 400,
      "invalid_tools", None),
     ({**OK, "response_format": {"type": "json_schema", "json_schema": {"name": "p", "strict": True, "schema": {
@@ -86,7 +88,7 @@ def test_a_lone_surrogate_is_a_400_naming_where(gateway_url: str) -> None:
 
 
 @pytest.mark.parametrize("sampling", [{"temperature": 1e-38}, {"temperature": 1e-300},
-                                      {"temperature": 1, "top_p": 1e-46}])
+                                      {"temperature": 1, "top_p": 1e-46}, {"temperature": 1, "top_p": 0}])
 def test_extreme_but_valid_sampling_values_decode(gateway_url: str, sampling: dict[str, float]) -> None:
     """Values the request checks accept but float32 cannot hold are sampled as the likeliest token."""
     greedy = post(gateway_url, {**OK, "temperature": 0}).json()["choices"][0]["message"]["content"]

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 
 import pytest
 import torch
 
-from decoding.chat_engine import ChatEngine, PreparedChat
+from decoding.chat_engine import ChatEngine, ChatRequest, PreparedChat
 from decoding.generate import Engine, GenerationConfig
 from decoding.loading import LoadedModel
 from decoding.structured import OutputPlan
+from decoding.tokenizer import Tokenizer
 from gateway.local import Done, LocalModel, QueueFullError, RequestTimeoutError
 from tests.conftest import TinyFactory, tiny_args, tiny_transformer, word_tokenizer
 
@@ -127,4 +129,64 @@ def test_a_listener_that_leaves_cancels_its_generation() -> None:
         return done.result.completion_tokens
 
     assert asyncio.run(main()) == 5
+    local.close()
+
+
+def test_a_request_that_leaves_while_queued_frees_its_slot_at_once() -> None:
+    """The slot was held until the worker reached the gone request: 429s for a queue with room (a review)."""
+    engine = Engine(long_context_model())
+    local = LocalModel("tiny", ChatEngine(engine), max_queue=1, timeout_s=20)
+
+    async def main() -> int:
+        running = local.submit(prepared(engine, [0, 3], ENDLESS))
+        events = local.events(running, heartbeat_s=0.05)
+        async for item in events:  # the worker has it: the one slot is free again
+            if isinstance(item, str):
+                break
+        waiting = local.submit(prepared(engine, [0, 4], 5))
+        with pytest.raises(QueueFullError):
+            local.submit(prepared(engine, [0, 5], 5))
+        assert local.queued == 1
+        waiting.cancelled.set()  # its client left (events() does this when its caller stops)
+        assert local.queued == 0
+        third = local.submit(prepared(engine, [0, 5], 5))
+        await events.aclose()  # the endless one goes too, and the third runs
+        _, done = await collect(local, third)
+        return done.result.completion_tokens
+
+    assert asyncio.run(main()) == 5
+    local.close()
+
+
+class GatedChat(ChatEngine):
+    """A chat engine whose preparation waits for a gate: a schema compile that takes a while."""
+
+    def __init__(self, engine: Engine) -> None:
+        super().__init__(engine)
+        self.gate = threading.Event()
+
+    def prepare(self, request: ChatRequest) -> PreparedChat:
+        self.gate.wait(20)
+        return super().prepare(request)
+
+
+def test_a_request_holds_its_slot_while_it_is_prepared(embedded_tokenizer: Tokenizer) -> None:
+    """Requests waiting on a preparation counted against no bound: any number could pile up (a review)."""
+    model = tiny_transformer(tiny_args(embedded_tokenizer.vocab_size, n_layers=1), 0, torch.float32, 3.0)
+    engine = Engine(LoadedModel("tiny", "tiny-chat", model, embedded_tokenizer))
+    chat = GatedChat(engine)
+    local = LocalModel("tiny", chat, max_queue=2, timeout_s=30)
+    request = ChatRequest([{"role": "user", "content": "a b"}], GenerationConfig(max_new_tokens=3, speculative=False))
+
+    async def main() -> list[int]:
+        first = [asyncio.create_task(local.admit(request)) for _ in range(2)]
+        await asyncio.sleep(0.2)
+        assert local.queued == 2  # both preparing
+        with pytest.raises(QueueFullError):
+            await local.admit(request)
+        chat.gate.set()
+        jobs = await asyncio.gather(*first)
+        return [(await collect(local, job))[1].result.completion_tokens for job in jobs]
+
+    assert asyncio.run(main()) == [3, 3]
     local.close()

@@ -137,6 +137,12 @@ def test_a_streamed_tool_call_arrives_as_deltas(client: openai.OpenAI) -> None:
                                         tool_choice="required", max_tokens=64, temperature=0) as helper:
         message = helper.get_final_completion().choices[0].message
     assert message.content is None and message.tool_calls
+    # an agent loop's next turn: the helper's message appended as it came (annotations, parsed, a call's
+    # index and parsed_arguments on it), then the tool's result
+    turn = [*ASK_WEATHER, message, {"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": "sunny"}]
+    answer = client.chat.completions.create(model=MODEL, messages=turn, tools=WEATHER_TOOLS,  # type: ignore[arg-type]
+                                            max_tokens=16, temperature=0)
+    assert answer.choices[0].finish_reason in {"stop", "length", "tool_calls"}
 
 
 def test_a_tool_call_cut_by_max_tokens_is_a_call_never_marker_text(client: openai.OpenAI) -> None:

@@ -64,6 +64,15 @@ def test_passthrough_keeps_openai_fields_only() -> None:
     (json.dumps({**BASE, "seed": 2**64}).encode(), "invalid_value", "seed"),
     (json.dumps({**BASE, "seed": -(2**63) - 1}).encode(), "invalid_value", "seed"),
     (json.dumps({**BASE, "stop": ["END", ""]}).encode(), "invalid_value", "stop"),
+    # a field of several types is named as the request has it, never by pydantic's branch ("stop.str")
+    (json.dumps({**BASE, "stop": ["a", 5]}).encode(), "invalid_type", "stop[1]"),
+    (json.dumps({**BASE, "stop": 5}).encode(), "invalid_type", "stop"),
+    (json.dumps({**BASE, "tool_choice": 5}).encode(), "invalid_type", "tool_choice"),
+    # refused here, so on upstream routes too (the local engine's own check says the same)
+    (json.dumps({**BASE, "stop": "}", "tools": [{"type": "function", "function": {"name": "f"}}]}).encode(),
+     "invalid_parameter_combination", "stop"),
+    (json.dumps({**BASE, "stop": "}", "response_format": {"type": "json_object"}}).encode(),
+     "invalid_parameter_combination", "stop"),
     # a lone UTF-16 surrogate is valid JSON but not text: named wherever it is, keys included
     (b'{"model": "m", "messages": [{"role": "user", "content": "\\ud800 hi"}]}', "invalid_value",
      "messages[0].content"),
@@ -101,12 +110,27 @@ def test_every_field_openai_has_inside_messages_tools_and_response_format_is_acc
     assert len(r.messages) == 5 and r.response_format == SCHEMA
 
 
+def test_a_response_message_sent_back_as_it_came_is_accepted_without_its_response_fields() -> None:
+    """What the OpenAI SDK's stream helper, `.parse` or `model_dump()` append to the history: the response's
+    message with `annotations`, `parsed`, a call's `index` and `parsed_arguments` (a trial's agent loop got
+    a 400 on its second turn). They are dropped, for the engine and for an upstream provider alike."""
+    sent_back = {"role": "assistant", "content": None, "refusal": None, "annotations": [], "parsed": None,
+                 "audio": None, "function_call": None, "reasoning_content": None,
+                 "tool_calls": [{**CALL, "index": 0, "function": {**CALL["function"], "parsed_arguments": None}}]}
+    r = parse(messages=[{"role": "user", "content": "hi"}, sent_back, {"role": "tool", "tool_call_id": "c1",
+                                                                       "content": "42"}])
+    assert r.messages[1] == {"role": "assistant", "content": None, "refusal": None, "audio": None,
+                             "function_call": None, "tool_calls": [CALL]}
+    assert sent_back["annotations"] == [] and sent_back["tool_calls"][0]["index"] == 0  # the caller's, untouched
+
+
 @pytest.mark.parametrize(("fields", "param"), [
     ({"messages": [{"role": "user", "content": "hi", "nmae": "bob"}]}, "messages[0].nmae"),
     ({"messages": [{"role": "tool", "tool_call_id": "c1", "content": "x", "name": "f"}]}, "messages[0].name"),
     ({"messages": [{"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": {}}]}]},
      "messages[0].content[0].cache_control"),
-    ({"messages": [{"role": "assistant", "tool_calls": [{**CALL, "index": 0}]}]}, "messages[0].tool_calls[0].index"),
+    ({"messages": [{"role": "assistant", "tool_calls": [{**CALL, "idx": 0}]}]}, "messages[0].tool_calls[0].idx"),
+    ({"messages": [{"role": "user", "content": "hi", "parsed": None}]}, "messages[0].parsed"),  # assistant's only
     ({"messages": [{"role": "assistant", "tool_calls": [{**CALL, "function": {**CALL["function"], "x": 1}}]}]},
      "messages[0].tool_calls[0].function.x"),
     ({"tools": [{**TOOL, "cache": True}]}, "tools[0].cache"),

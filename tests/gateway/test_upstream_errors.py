@@ -61,6 +61,18 @@ class Provider(BaseHTTPRequestHandler):
         if model == "slow":
             time.sleep(3)  # the client gave up long ago: nothing to answer, and no broken pipe printed later
             return
+        if model == "trickle":  # a chunk every 0.2 s for 4 s: each read is quick, the whole is not
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream")
+            self.end_headers()
+            try:
+                for _ in range(20):
+                    self.wfile.write(f"data: {json.dumps(CHUNK)}\n\n".encode())
+                    self.wfile.flush()
+                    time.sleep(0.2)
+            except OSError:  # the gateway let go of the stream
+                pass
+            return
         if model in FRAMES or model == "streamed":
             self.send_response(200)
             self.send_header("content-type", "text/event-stream")
@@ -140,12 +152,13 @@ def test_the_providers_own_timeout_is_its_answer_not_ours(provider: str) -> None
     assert "did not complete within 3 s" in exc.error.message and "30 s" not in exc.error.message
 
 
-def _stream_error(base: str, model: str, params: dict | None = None) -> tuple[list[dict], UpstreamError | None]:
+def _stream_error(base: str, model: str, params: dict | None = None,
+                  timeout_s: float = 30) -> tuple[list[dict], UpstreamError | None]:
     async def run() -> tuple[list[dict], UpstreamError | None]:
         chunks: list[dict] = []
         try:
             async for body in await stream(UpstreamRoute(f"openai/{model}", base), "remote",
-                                           [{"role": "user", "content": "hi"}], params or {}, 30):
+                                           [{"role": "user", "content": "hi"}], params or {}, timeout_s):
                 chunks.append(body)
         except UpstreamError as exc:
             return chunks, exc
@@ -175,6 +188,14 @@ def test_a_stream_comes_back_in_a_local_routes_chunk_shape_with_the_providers_ex
     assert [c["usage"] for c in chunks[:3]] == [None] * 3 and chunks[3]["usage"]["completion_tokens"] == 2
     # the upstream's own statistics ride on its last chunk, as they would from a local route
     assert [c.get("draftgate") for c in chunks] == [None, None, None, {"target_passes": 2}]
+
+
+def test_a_stream_that_runs_past_the_timeout_is_cut_there(provider: str) -> None:
+    """The timeout bounded each read only: a provider that kept sending could stream for ever (a review)."""
+    started = time.perf_counter()
+    chunks, exc = _stream_error(provider, "trickle", timeout_s=1.0)
+    assert exc is not None and (exc.error.status, exc.error.code) == (504, "request_timeout")
+    assert 2 <= len(chunks) <= 7 and time.perf_counter() - started < 2.5  # ~5 chunks in 1 s, not 20 in 4 s
 
 
 def test_a_closed_port_is_unreachable() -> None:

@@ -92,6 +92,14 @@ def test_a_policy_without_routes_is_refused() -> None:
         parse_policy("version: 1\nroutes: []\n", "empty.yaml")
 
 
+def test_a_key_that_is_no_name_is_named_by_its_line() -> None:
+    with pytest.raises(PolicyError) as err:
+        parse_policy("version: 1\nroutes: []\n? [a]\n: 1\n3: x\n", "odd.yaml")
+    lines = str(err.value).splitlines()
+    assert lines[0] == "odd.yaml:3: a key must be a plain name, not a list or mapping"
+    assert lines[1].startswith("odd.yaml:5: 3: unknown key (known here: version, routes")
+
+
 def test_broken_yaml_and_missing_files(tmp_path: Path) -> None:
     with pytest.raises(PolicyError, match=r"^bad\.yaml:4: not valid YAML"):
         parse_policy("version: 1\nroutes:\n  - model: [unclosed\n", "bad.yaml")
