@@ -80,21 +80,36 @@ def processed_probs(
 
 
 def _top_p(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    # probs: [T, V] -> [T, V] the smallest most-likely set reaching top_p, renormalised
+    # probs: [T, V] -> [T, V] the most likely tokens whose mass reaches top_p, renormalised: a token is kept
+    # when the tokens *strictly* more likely than it hold less than top_p. Tokens tied with it count alike,
+    # kept or dropped together, so the set never depends on how a sort orders ties: a row gets the same
+    # nucleus alone (a step) as beside other rows (a verify pass, which may sort where a step ranks)
     vocab = probs.shape[-1]
     # the nucleus is almost always a few tokens: rank the likeliest TOP_P_CANDIDATES (a partial sort,
-    # ~50x cheaper than sorting a 49k vocabulary) and sort everything only if they do not reach top_p
+    # ~50x cheaper than sorting a 49k vocabulary) and sort everything only if their last tie group is
+    # not dropped (then a token past them, tied with it, could be kept)
     sorted_p, order = probs.topk(min(TOP_P_CANDIDATES, vocab), dim=-1)  # [T, K] descending
-    # drop a token when the tokens strictly more likely already reach top_p (keep at least one)
-    before = sorted_p.cumsum(-1) - sorted_p  # [T, K]
-    if sorted_p.shape[-1] < vocab and not bool((before[..., -1] >= top_p).all()):
+    strictly_more = _mass_strictly_more(sorted_p)  # [T, K]
+    if sorted_p.shape[-1] < vocab and not bool((strictly_more[..., -1] >= top_p).all()):
         sorted_p, order = probs.sort(dim=-1, descending=True)  # [T, V]
-        before = sorted_p.cumsum(-1) - sorted_p
-    drop = before >= top_p
-    drop[..., 0] = False  # a top_p that rounds to 0 in float32 (1e-46) still keeps the likeliest
+        strictly_more = _mass_strictly_more(sorted_p)
+    # the likeliest tokens (nothing more likely) always stay: a top_p of 0 keeps them alone
+    drop = (strictly_more >= top_p) & (strictly_more > 0)
     sorted_p = sorted_p.masked_fill(drop, 0.0)
     kept = torch.zeros_like(probs).scatter_(-1, order, sorted_p)  # tokens past the candidates: dropped
     return kept / kept.sum(-1, keepdim=True)
+
+
+def _mass_strictly_more(sorted_p: torch.Tensor) -> torch.Tensor:
+    # sorted_p: [T, K] descending -> [T, K] the mass of the tokens before each one's tie group: its value
+    # of the exclusive cumulative sum at the group's first position (the sums before a group add the same
+    # values in the same order, however the ties within groups were ordered)
+    before = sorted_p.cumsum(-1) - sorted_p  # [T, K] exclusive (a group's first position is exact)
+    starts = torch.ones_like(sorted_p, dtype=torch.bool)  # [T, K]
+    starts[..., 1:] = sorted_p[..., 1:] != sorted_p[..., :-1]
+    index = torch.arange(sorted_p.shape[-1]).expand_as(sorted_p)  # [T, K]
+    first = torch.where(starts, index, 0).cummax(-1).values  # [T, K] the group's first position
+    return before.gather(-1, first)
 
 
 def sample(

@@ -69,11 +69,15 @@ def test_out_of_range_parameters_are_refused(kwargs: dict[str, float]) -> None:
 
 
 def _top_p_by_full_sort(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    # the definition: sort everything, drop a token once the strictly likelier ones reach top_p
-    sorted_p, order = probs.sort(dim=-1, descending=True)
-    drop = (sorted_p.cumsum(-1) - sorted_p) >= top_p
-    drop[..., 0] = False
-    kept = torch.zeros_like(probs).scatter_(-1, order, sorted_p.masked_fill(drop, 0.0))
+    # the definition, by distinct values: keep a token when the tokens strictly likelier hold less than
+    # top_p (the likeliest always)
+    rows = []
+    for row in probs:
+        values, inverse, counts = torch.unique(row, sorted=True, return_inverse=True, return_counts=True)
+        mass = (values * counts).flip(0)  # descending values' total mass
+        strictly_more = (mass.cumsum(0) - mass).flip(0)[inverse]  # [V]
+        rows.append(row * ((strictly_more < top_p) | (row == row.max())))
+    kept = torch.stack(rows)
     return kept / kept.sum(-1, keepdim=True)
 
 
@@ -86,6 +90,22 @@ def test_top_p_equals_sorting_the_whole_vocabulary(spread: float) -> None:
     assert torch.equal(ours, _top_p_by_full_sort(torch.softmax(logits, -1), 0.9))
     kept = int((ours[0] > 0).sum())
     assert (kept < TOP_P_CANDIDATES) if spread < 1 else (kept > TOP_P_CANDIDATES)  # both paths are taken
+
+
+def test_a_rows_nucleus_is_the_same_alone_and_beside_a_flat_row() -> None:
+    """Tied probabilities at the nucleus's edge are kept or dropped together. The set depended on how a sort
+    ordered ties, and a verify pass sorts the whole vocabulary where one flat row needs it while a step
+    ranks the candidates only: a row's nucleus differed between the two (found by a review)."""
+    g = torch.Generator().manual_seed(0)
+    row = torch.randn(1, 4096, generator=g).mul(3).round()  # integer logits: ties everywhere, as bf16's
+    flat = torch.zeros(1, 4096)  # its nucleus runs past the candidates: the whole batch is sorted
+    params = SamplingParams(temperature=1.0, top_p=0.9)
+    alone = processed_probs(row, params)[0]
+    beside = processed_probs(torch.cat([row, flat]), params)[0]
+    assert torch.equal(alone, beside)
+    assert torch.equal(alone, _top_p_by_full_sort(torch.softmax(row, -1), 0.9)[0])
+    kept = alone > 0  # a tie group is whole: every token of a kept logit value is kept
+    assert set(row[0][kept].tolist()).isdisjoint(row[0][~kept].tolist())
 
 
 def test_a_draw_follows_the_weights_and_never_takes_a_zero_weight_token() -> None:
