@@ -267,6 +267,11 @@ class Engine:
                         proposal = drafter.propose(tokens, room, params, gen, grammar)
                     else:
                         stats.paused_steps += 1
+                if proposal.parents is not None and (grammar is not None or len(proposal) == 0):
+                    # the tree walk applies no grammar mask: under a grammar its first branch is verified
+                    # as a chain, which is masked; a tree of no nodes (a drafter's "a plain step pays
+                    # more here") is a plain step, not a verify pass
+                    proposal = proposal.chain()
                 if proposal.parents is not None:  # a draft tree: one pass verifies every branch
                     emitted, kept = self._verify_tree(proposal, token, pos, params, gen, stats, controller, taps)
                     if reader is not None:

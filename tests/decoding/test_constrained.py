@@ -17,6 +17,7 @@ from decoding.constraints.base import ConstraintError, Grammar
 from decoding.constraints.outlines_backend import OutlinesBackend
 from decoding.constraints.xgrammar_backend import XGrammarBackend
 from decoding.drafters import CompositeDrafter, DraftModelDrafter, GrammarForcedDrafter, NgramDrafter
+from decoding.drafters.base import Drafter, Proposal
 from decoding.generate import Engine, GenerationConfig
 from decoding.loading import LoadedModel
 from decoding.sampling import SamplingParams, processed_probs
@@ -205,3 +206,32 @@ def _advanced(factory: object, tokens: list[int]) -> Grammar:
     for token in tokens:
         grammar.accept(token)
     return grammar
+
+
+class AllowedTokensTree(Drafter):
+    """A tree of every token the grammar allows next, each a child of the root: the tree walk, which
+    applies no mask, then ends on the target's unmasked choice, allowed or not."""
+
+    name = "allowed"
+
+    def propose(self, context: list[int], max_tokens: int, params: SamplingParams, generator: torch.Generator,
+                grammar: Grammar | None = None) -> Proposal:
+        allowed = grammar.allowed_mask().nonzero()[:, 0].tolist() if grammar is not None else [0]
+        return Proposal(tokens=allowed, sources=[self.name] * len(allowed), parents=[-1] * len(allowed))
+
+    @property
+    def max_nodes(self) -> int:
+        return len(WORDS)
+
+
+def test_a_tree_proposed_under_a_grammar_is_verified_as_its_masked_first_branch(backend: Backend) -> None:
+    """The tree walk ignored the grammar (no mask, no accept): a drafter's tree under a constraint gave
+    tokens the grammar forbids (a review; the shipped head drafts chains there, so only a new drafter
+    could hit it)."""
+    factory = backend.compile_json_schema(SCHEMA)
+    for seed in range(4):
+        target = _target(seed, scale=2.0)
+        config = GenerationConfig(max_new_tokens=20, grammar=factory)
+        expected, _ = _run(Engine(target), PROMPT, config)
+        got, stats = _run(Engine(target, AllowedTokensTree(), max_draft_tokens=4), PROMPT, config)
+        assert got == expected and stats.tree_passes == 0 and stats.draft_tokens > 0

@@ -96,3 +96,17 @@ def test_speculation_off_per_request_uses_no_drafts(tiny_model: TinyFactory) -> 
     spec = Engine(target, NgramDrafter(min_n=1, max_n=3))
     _, stats = _tokens(spec, PROMPTS[0], 20, speculative=False)
     assert stats.draft_tokens == 0 and stats.target_passes == 20
+
+
+def test_a_head_that_finds_no_tree_worth_its_rows_takes_plain_steps(tiny_model: TinyFactory) -> None:
+    """Fitted to a machine where every extra row costs 4 steps, the head's trees have no nodes: those are
+    plain steps, not verify passes (they were counted as tree passes that accepted nothing, a review found)."""
+    target = tiny_model(vocab_size=64, dtype=torch.float64, seed=1, logit_scale=2.0)
+    drafter = HeadDrafter(trained_head(target, "eagle"), max_tokens=6, tree=TREE)
+    drafter.fit(PassCosts((1.0,) + (4.0,) * 8))
+    for prompt in PROMPTS:
+        expected, _ = _tokens(Engine(target), prompt, 12, speculative=False)
+        got, stats = _tokens(Engine(target, drafter, max_draft_tokens=6), prompt, 12, speculative=True)
+        assert got == expected
+        assert (stats.draft_tokens, stats.verify_passes, stats.tree_passes) == (0, 0, 0)
+        assert stats.target_passes == 12  # the prompt's pass, then one plain step per token after the first
