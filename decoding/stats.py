@@ -1,4 +1,7 @@
-"""Per-request speculative-decoding statistics, in vLLM's words (draft, accepted, per position)."""
+"""Per-request speculative-decoding statistics, in vLLM's words (draft, accepted, per position).
+
+They count what the target's passes verified: a pass whose accepted drafts run past an end of turn or
+a stop sequence counts them all, though the generation keeps its tokens only up to that end."""
 
 from __future__ import annotations
 
@@ -74,6 +77,7 @@ class SpecStats:
         self.paused_steps += other.paused_steps
         self.tree_passes += other.tree_passes
         self.grammar_s += other.grammar_s
+        self.cached_prompt_tokens += other.cached_prompt_tokens
         for i, (d, a) in enumerate(zip(other.per_position_drafted, other.per_position_accepted, strict=True)):
             if i >= len(self.per_position_drafted):
                 self.per_position_drafted.append(0)

@@ -59,7 +59,8 @@ class DraftModelDrafter(Drafter):
         generator: torch.Generator,
         grammar: Grammar | None = None,
     ) -> Proposal:
-        k = min(max_tokens, self.length.value)
+        # a draft with a shorter context than the target's drafts nothing past its own (it cannot hold it)
+        k = min(max_tokens, self.length.value, self.model.max_seq_len - len(context))
         if k <= 0:
             return Proposal()
         # reuse the cache up to the first differing token; always recompute the last context token

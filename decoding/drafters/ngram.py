@@ -26,15 +26,20 @@ class NgramDrafter(Drafter):
         self.reset()
 
     def reset(self) -> None:
+        self._forget()
+        self.length = DraftLength(self.max_tokens, self.max_tokens, self.costs)
+
+    def _forget(self) -> None:
         self._tokens: list[int] = []
         # n -> {n-gram: end position of its latest occurrence that has a following token}
         self._index: dict[int, dict[tuple[int, ...], int]] = {n: {} for n in range(self.min_n, self.max_n + 1)}
-        self.length = DraftLength(self.max_tokens, self.max_tokens, self.costs)
 
     def _sync(self, context: list[int]) -> None:
         known = len(self._tokens)
         if known > len(context) or context[:known] != self._tokens:
-            self.reset()
+            # a context that does not extend the last one (a composite's rejected forced tokens, say): the
+            # index is rebuilt; the request's draft length, learned from its acceptance, stays
+            self._forget()
             known = 0
         self._tokens = list(context)
         # index every n-gram that ends at a position with a successor: ends in [known - 1, len - 2]

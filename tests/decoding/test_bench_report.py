@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 from decoding.bench.constrained import ConstrainedReport, ConstrainedRow
 from decoding.bench.report import BenchReport, Measurement, Row
 from decoding.bench.runner import BenchOptions, default_config
+from decoding.stats import SpecStats
 from tests.conftest import TinyFactory
 from tests.decoding.heads import head_for
 
@@ -48,3 +51,13 @@ def test_the_constrained_table_keeps_its_columns_under_a_long_configuration_name
     end = head.index("tok/s") + len("tok/s")  # right-aligned: each row's number ends under the header's end
     assert short[end - 1] != " " and long[end - 1] != " " and short[end] == long[end] == " "
     assert len(short) == len(long) == len(head)
+
+
+def test_merging_stats_adds_every_count() -> None:
+    """The bench adds requests' statistics up; a count left out of `merge` (cached prompt tokens were)
+    reads 0 in every aggregate."""
+    counts = [f.name for f in fields(SpecStats) if f.type in ("int", "float")]
+    one, two = SpecStats(**{name: 1 for name in counts}), SpecStats(**{name: 2 for name in counts})
+    one.merge(two)
+    assert {name: getattr(one, name) for name in counts} == {name: 3 for name in counts}
+    assert "cached_prompt_tokens" in counts and "grammar_s" in counts

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from decoding.drafters import CompositeDrafter, DraftModelDrafter, FallbackDrafter, NgramDrafter
+from decoding.generate import Engine, GenerationConfig
 from decoding.sampling import SamplingParams
-from tests.conftest import TinyFactory
+from tests.conftest import TinyFactory, tiny_args, tiny_transformer
 
 GREEDY = SamplingParams()
 G = torch.Generator().manual_seed(0)
@@ -44,6 +47,12 @@ def test_ngram_draft_length_adapts_to_acceptance() -> None:
     assert len(d.propose(context, 6, GREEDY, G)) == 4  # -1 per pass with a rejection
     d.observe(4, 4)
     assert len(d.propose(context, 6, GREEDY, G)) == 6  # +2 after a fully accepted pass
+    d.observe(6, 0)
+    d.observe(5, 0)
+    assert len(d.propose(context, 6, GREEDY, G)) == 4
+    # a context that does not extend the last (a composite's rejected forced tokens): the index is rebuilt,
+    # what the request's acceptance taught about the length stays (it went back to 6)
+    assert d.propose([1, 2, 3, 4, 5, 6, 7, 8, 2], 6, GREEDY, G).tokens == [3, 4, 5, 6]
 
 
 def test_draft_model_reuses_its_cache_across_rollbacks(tiny_model: TinyFactory) -> None:
@@ -144,3 +153,16 @@ def test_a_confidence_cut_stops_the_draft_chain_before_unsure_tokens(tiny_model:
     never = DraftModelDrafter(model, max_tokens=6, min_peak=1.01)
     never.prepare(64)
     assert never.propose(context, 6, GREEDY, G).tokens == []
+
+
+def test_a_draft_with_a_shorter_context_drafts_nothing_past_it(tiny_model: TinyFactory) -> None:
+    """It raised at its cache's end and failed the whole request (a review); now the target goes on alone."""
+    target = tiny_model(vocab_size=16, seed=2)  # a context of 256
+    draft = tiny_transformer(tiny_args(16, max_seq_len=32), 2, torch.float64, 3.0)  # the same weights, 32
+    prompt = [0, *[3, 4, 5, 6, 7] * 8]  # 41 tokens: past the draft's context from the start
+    config = GenerationConfig(max_new_tokens=10, ignore_eos=True)
+    expected = Engine(target).complete(prompt, replace(config, speculative=False)).token_ids
+    result = Engine(target, DraftModelDrafter(draft, max_tokens=4)).complete(prompt, config)
+    assert result.token_ids == expected and result.stats.draft_tokens == 0
+    short = Engine(target, DraftModelDrafter(draft, max_tokens=4)).complete(prompt[:20], config)
+    assert short.stats.draft_tokens > 0  # within its context it drafts
