@@ -6,6 +6,7 @@ import asyncio
 import logging
 import threading
 import time
+from collections.abc import AsyncIterator
 
 import pytest
 import torch
@@ -15,7 +16,7 @@ from decoding.generate import Engine, GenerationConfig
 from decoding.loading import LoadedModel
 from decoding.structured import OutputPlan
 from decoding.tokenizer import Tokenizer
-from gateway.local import Done, LocalModel, QueueFullError, RequestTimeoutError
+from gateway.local import Done, Job, LocalModel, QueueFullError, RequestTimeoutError
 from tests.conftest import TinyFactory, tiny_args, tiny_transformer, word_tokenizer
 
 ENDLESS = 90_000  # tokens: minutes of decoding, so only a cancelled job lets the next one run in time
@@ -111,16 +112,22 @@ def test_a_request_past_its_timeout_is_cancelled_and_the_worker_moves_on() -> No
     local.close()
 
 
+async def decoding_endlessly(local: LocalModel, engine: Engine) -> tuple[Job, AsyncIterator[str | Done | None]]:
+    """A job of minutes of decoding, once its first text is out (the worker is on it), and its events."""
+    job = local.submit(prepared(engine, [0, 3], ENDLESS))
+    events = local.events(job, heartbeat_s=0.05)
+    async for item in events:
+        if isinstance(item, str):
+            break
+    return job, events
+
+
 def test_a_listener_that_leaves_cancels_its_generation() -> None:
     engine = Engine(long_context_model())
     local = LocalModel("tiny", ChatEngine(engine), max_queue=4, timeout_s=20)
 
     async def main() -> int:
-        job = local.submit(prepared(engine, [0, 3], ENDLESS))
-        events = local.events(job, heartbeat_s=0.05)
-        async for item in events:
-            if isinstance(item, str):
-                break
+        job, events = await decoding_endlessly(local, engine)
         await events.aclose()  # what a disconnected client's stream does
         assert job.cancelled.is_set()
         started = time.perf_counter()
@@ -138,11 +145,7 @@ def test_a_request_that_leaves_while_queued_frees_its_slot_at_once() -> None:
     local = LocalModel("tiny", ChatEngine(engine), max_queue=1, timeout_s=20)
 
     async def main() -> int:
-        running = local.submit(prepared(engine, [0, 3], ENDLESS))
-        events = local.events(running, heartbeat_s=0.05)
-        async for item in events:  # the worker has it: the one slot is free again
-            if isinstance(item, str):
-                break
+        _, events = await decoding_endlessly(local, engine)  # the worker has it: the one slot is free again
         waiting = local.submit(prepared(engine, [0, 4], 5))
         with pytest.raises(QueueFullError):
             local.submit(prepared(engine, [0, 5], 5))
