@@ -37,6 +37,11 @@ FAILED_RETRY_S = 600.0  # a schema whose compile timed out is refused at once fo
 log = logging.getLogger(__name__)
 
 
+# steps a grammar can take back at once: a proposal's drafts (max_draft_tokens, at most 32), then the walk
+# of forced text past them (forced_text.py: up to 64 bytes, a token each at worst) and its own rollback.
+# outlines keeps this many states; 64 let a long forced `const` crash the request (a review)
+MAX_ROLLBACK = 256
+
 class OutlinesGrammar(Grammar):
     def __init__(self, guide: Any, vocab_size: int, words: int, eos_token_id: int, vocab: VocabBytes) -> None:
         self.guide = guide
@@ -101,7 +106,7 @@ class OutlinesFactory(GrammarFactory):
     def new(self) -> Grammar:
         import outlines_core
 
-        guide = outlines_core.Guide(self.index, max_rollback=64)
+        guide = outlines_core.Guide(self.index, max_rollback=MAX_ROLLBACK)
         return OutlinesGrammar(guide, self.vocab_size, (self.vocab_size + 31) // 32, self.eos_token_id,
                               self.vocab)
 

@@ -20,6 +20,7 @@ from decoding.drafters import CompositeDrafter, DraftModelDrafter, GrammarForced
 from decoding.errors import InvalidRequestError, UnknownToolError
 from decoding.generate import Engine, GenerationConfig
 from decoding.loading import LoadedModel
+from decoding.sampling import SamplingParams
 from decoding.tokenizer import Tokenizer
 from tests.conftest import perturbed_copy, tiny_args, tiny_transformer
 
@@ -162,3 +163,28 @@ def test_outlines_indexes_persist_on_disk(embedded_tokenizer: Tokenizer, tmp_pat
     assert again.allows(embedded_tokenizer.turn_end_id or 0)
     fresh = make_backend("outlines", embedded_tokenizer, 30, tmp_path).compile(spec).new()
     assert not fresh.allows(embedded_tokenizer.turn_end_id or 0)  # and still refuses an empty answer
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_long_forced_text_is_drafted_and_taken_back_at_any_point(embedded_tokenizer: Tokenizer, backend: str) -> None:
+    """A long `const` string is forced text: drafted 32 tokens at a time on top of a walk of up to 64, all
+    of it taken back after. outlines kept 64 states, and the request failed with "cannot roll back"."""
+    sentence = ("Lorem ipsum dolor sit amet, consectetur adipiscing elit, sed do eiusmod tempor incididunt ut labore "
+                "et dolore magna aliqua. Ut enim ad minim veniam, quis nostrud exercitation")
+    schema = {"type": "object", "properties": {"id": {"type": "integer"}, "note": {"const": sentence}},
+              "required": ["id", "note"]}
+    factory = make_backend(backend, embedded_tokenizer).compile(GrammarSpec(json_schema=schema))
+    full = '{"id":5,"note":' + json.dumps(sentence) + "}"
+    text = embedded_tokenizer.encode(full)
+    drafter = GrammarForcedDrafter(embedded_tokenizer)
+    drafted = 0
+    for n in range(0, len(text), 3):
+        grammar = factory.new()
+        for token in text[:n]:
+            grammar.accept(token)
+        before = grammar.allowed_mask()
+        proposal = drafter.propose([1], 32, SamplingParams(), torch.Generator(), grammar)
+        assert torch.equal(grammar.allowed_mask(), before)  # the state is as it was
+        assert full.startswith(embedded_tokenizer.decode(text[:n] + proposal.tokens))  # forced: the text itself
+        drafted += len(proposal.tokens)
+    assert drafted > len(text)  # much of it drafted from every point
