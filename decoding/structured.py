@@ -9,9 +9,10 @@ calls into OpenAI `tool_calls`.
 
 from __future__ import annotations
 
+import copy
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from decoding.constraints.base import ConstraintError, UnsupportedKeywordError
@@ -101,7 +102,10 @@ class OutputPlan:
             except json.JSONDecodeError:
                 return ChatOutput(None, cut_tool_calls(calls), "length")
         elif self.spec is None or finish_reason != "stop":
-            # cut by max_tokens (or cancelled): incomplete, returned as is with its finish_reason
+            # cut by max_tokens (or cancelled): incomplete, returned as is with its finish_reason; but a cut
+            # inside the marker itself ("<tool_ca") is a call cut before it began: no content, no call
+            if self.calls is not None and text and self.spec is not None and self.spec.marker.startswith(text):
+                return ChatOutput(None, finish_reason=finish_reason)
             return ChatOutput(text, finish_reason=finish_reason)
         if calls is not None:
             assert self.calls is not None
@@ -128,6 +132,35 @@ def _check(schema: dict[str, Any], backend: str, allow_after: bool, where: str) 
         raise ConstraintError(f"{where}: {exc}", param=where) from exc
 
 
+# keywords that only narrow what a schema takes: without them a backend generates a superset, which the
+# check after narrows again (a keyword whose removal could narrow, such as patternProperties beside
+# additionalProperties false, is never taken out)
+_LOOSENABLE = frozenset({"format", "pattern", "minLength", "maxLength", "multipleOf", "uniqueItems", "not",
+                         "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "contains", "minContains",
+                         "maxContains", "propertyNames", "if", "then", "else", "minProperties", "maxProperties",
+                         "dependentRequired"})
+
+
+def loosened(schema: dict[str, Any], missing: list[Unsupported]) -> dict[str, Any]:
+    """`schema` without the keywords its backend would not enforce (`missing`, from preflight), where taking
+    them out only widens it: what a validate-after request is generated under. outlines refuses to compile
+    a format it lacks (`hostname`), so leaving it in failed the request that `strict: false` asked for."""
+    if not missing:
+        return schema
+    out = copy.deepcopy(schema)
+    for item in missing:
+        key = item.keyword.split(" ", 1)[0].removesuffix(":")  # "format: hostname", "pattern (with format)"
+        if key not in _LOOSENABLE:
+            continue
+        node: Any = out
+        for step in [s for s in item.path.split("/") if s]:
+            node = node[int(step)] if isinstance(node, list) and step.isdigit() else (
+                node.get(step) if isinstance(node, dict) else None)
+        if isinstance(node, dict):
+            node.pop(key, None)
+    return out
+
+
 def plan_output(
     tools: list[Tool],
     choice: ToolChoice,
@@ -139,16 +172,22 @@ def plan_output(
     """The grammar for this request's output, after preflight under `backend`."""
     json_schema = response_format.schema if response_format.type != "text" else None
     unenforced: list[Unsupported] = []
+    generated = json_schema  # what the backend compiles: the schema less what it would not enforce
     if json_schema is not None:
         allow = allow_validate_after or response_format.strict is False
-        unenforced += _check(json_schema, backend, allow, "response_format.json_schema.schema")
-    calls = None
+        missing = _check(json_schema, backend, allow, "response_format.json_schema.schema")
+        unenforced += missing
+        generated = loosened(json_schema, missing)
+    calls, grammar_calls = None, None
     if choice.mode != "none":
+        compiled = list(tools)
         for i, tool in enumerate(tools):
             if tool.name in choice.allowed:
                 allow = allow_validate_after or tool.strict is False
-                unenforced += _check(tool.parameters, backend, allow, f"tools[{i}].function.parameters")
-        calls = calls_schema(tools, choice)
+                missing = _check(tool.parameters, backend, allow, f"tools[{i}].function.parameters")
+                unenforced += missing
+                compiled[i] = replace(tool, parameters=loosened(tool.parameters, missing))
+        calls, grammar_calls = calls_schema(tools, choice), calls_schema(compiled, choice)
     if json_schema is None and calls is None:
         return OutputPlan(None)
 
@@ -156,8 +195,8 @@ def plan_output(
         return schema if schema is None or bounds is None else bound_schema(schema, bounds, backend)
 
     spec = GrammarSpec(
-        json_schema=bounded(json_schema) if choice.mode != "required" else None,
-        calls_schema=bounded(calls),
+        json_schema=bounded(generated) if choice.mode != "required" else None,
+        calls_schema=bounded(grammar_calls),
         free_text=choice.mode == "auto" and json_schema is None,
         marker=TOOL_CALL_MARKER,
     )

@@ -235,7 +235,7 @@ def cut_tool_calls(text: str) -> list[ToolCall]:
 
 
 # a call object cut inside its arguments; the constrained writer puts "name" first (calls_schema)
-_CUT_CALL = re.compile(r'\{\s*"name"\s*:\s*"(?P<name>(?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*(?P<arguments>.*)\Z',
+_CUT_CALL = re.compile(r'\{\s*"name"\s*:\s*"(?P<name>(?:[^"\\]|\\.)*)"\s*,\s*"arguments"\s*:\s*(?P<arguments>.+)\Z',
                        re.DOTALL)
 
 

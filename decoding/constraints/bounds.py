@@ -12,12 +12,14 @@ email or uri strings that take outlines minutes unbounded compile in seconds.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from decoding.constraints.outlines_maps import is_map
 
-# bounded patterns for the formats whose values have no natural length; each matches valid values only
+# bounded patterns for the formats whose values have no natural length, of each format's shape (a date-time
+# pattern takes Feb 31: the output check after refuses it)
 _LABEL = "[a-z0-9](?:[a-z0-9-]{0,30}[a-z0-9])?"
 # RFC 3339 time with at most 6 fraction digits (the backends' own allow any number)
 _TIME = "(?:[01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](?:\\.[0-9]{1,6})?(?:Z|[+-](?:[01][0-9]|2[0-3]):[0-5][0-9])"
@@ -54,6 +56,9 @@ def _has_type(schema: dict[str, Any], kind: str) -> bool:
 
 # what a free value becomes under bounds (then bounded as any other node)
 FREE_VALUE: dict[str, Any] = {"type": ["string", "number", "boolean", "null"]}
+# outlines bounds a number only through its fraction keywords, whose language lacks 5 and 5.25 and takes
+# "12." (not JSON): a free value there is an integer, which its digit keyword bounds exactly
+FREE_VALUE_OUTLINES: dict[str, Any] = {"type": ["string", "integer", "boolean", "null"]}
 _DECLARED = frozenset({"properties", "patternProperties", "required"})
 
 
@@ -63,7 +68,8 @@ def _is_free(schema: Any) -> bool:
 
 def _bound_free_values(node: dict[str, Any], bounds: Bounds, backend: str) -> None:
     def free() -> dict[str, Any]:
-        return bound_schema(FREE_VALUE, bounds, backend)  # (FREE_VALUE has no free values of its own)
+        value = FREE_VALUE_OUTLINES if backend == "outlines" else FREE_VALUE
+        return bound_schema(value, bounds, backend)  # (it has no free values of its own)
 
     properties = node.get("properties")
     if isinstance(properties, dict):
@@ -104,20 +110,21 @@ def _bound_node(node: dict[str, Any], bounds: Bounds, backend: str) -> None:
         node["maxProperties"] = max(len(node.get("properties", {})) + bounds.properties,
                                     int(node.get("minProperties", 0)))
     limit = 10**bounds.digits - 1
-    for kind in ("integer", "number"):
-        if not _has_type(node, kind):
-            continue
-        if backend == "outlines":  # outlines-core's own digit keywords (it enforces no numeric bounds)
-            if kind == "integer":
-                node.setdefault("maxDigits", bounds.digits)
-            else:
-                node.setdefault("maxDigitsInteger", bounds.digits)
-                node.setdefault("maxDigitsFraction", bounds.digits)
-        elif kind == "integer":
-            if not {"minimum", "exclusiveMinimum"} & node.keys():
-                node["minimum"] = -limit
-            if not {"maximum", "exclusiveMaximum"} & node.keys():
-                node["maximum"] = limit
+    if _has_type(node, "number") and backend == "outlines":
+        # its fraction keywords: bounded, at the cost of that language (FREE_VALUE_OUTLINES); unbounded,
+        # greedy decoding writes digits until max_tokens
+        node.setdefault("maxDigitsInteger", bounds.digits)
+        node.setdefault("maxDigitsFraction", bounds.digits)
+    if _has_type(node, "integer"):
+        if backend == "outlines":  # outlines-core's own digit keyword (it enforces no numeric bounds)
+            node.setdefault("maxDigits", bounds.digits)
+        else:  # a side the caller left open: +-limit, or `limit` past a caller's bound beyond it
+            low = node.get("minimum", node.get("exclusiveMinimum"))
+            high = node.get("maximum", node.get("exclusiveMaximum"))
+            if low is None:
+                node["minimum"] = -limit if high is None or high > -limit else math.floor(high) - limit
+            if high is None:
+                node["maximum"] = limit if low is None or low < limit else math.ceil(low) + limit
 
 
 def bound_schema(schema: Any, bounds: Bounds, backend: str) -> Any:
@@ -126,6 +133,10 @@ def bound_schema(schema: Any, bounds: Bounds, backend: str) -> Any:
         return [bound_schema(s, bounds, backend) for s in schema]
     if not isinstance(schema, dict):
         return schema
-    out = {k: bound_schema(v, bounds, backend) for k, v in schema.items()}
+    out = {k: v if k in _DATA_KEYWORDS else bound_schema(v, bounds, backend) for k, v in schema.items()}
     _bound_node(out, bounds, backend)
     return out
+
+
+# keywords whose values are data, not schemas: a `const` object is never bounded
+_DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples", "required"})

@@ -79,6 +79,13 @@ def unsupported_keywords(schema: Any, backend: str, path: str = "", root: Any = 
         dropped = shaped if backend == "outlines" else lengths
         kept = lengths if backend == "outlines" else shaped
         found += [Unsupported(path, f"{d} (with {', '.join(kept)})") for d in dropped]
+    elif len(shaped) == 2:  # the same with each other: outlines keeps the pattern, xgrammar the format
+        lost, keeps = ("format", "pattern") if backend == "outlines" else ("pattern", "format")
+        found.append(Unsupported(path, f"{lost} (with {keeps})"))
+    pattern = schema.get("pattern")
+    if backend == "outlines" and isinstance(pattern, str) and (why := unsafe_pattern(pattern)) is not None:
+        found.append(Unsupported(path, f"pattern ({why})"))
+    found += _undeclared_required(schema, path)
     for key in SUBSCHEMA_MAPS:
         for name, sub in (schema.get(key) or {}).items():
             found += unsupported_keywords(sub, backend, f"{path}/{key}/{name}", root)
@@ -91,11 +98,21 @@ def unsupported_keywords(schema: Any, backend: str, path: str = "", root: Any = 
     return found
 
 
+_COMBINATORS = ("$ref", "anyOf", "oneOf", "allOf")
+
+
 def _combinators(schema: dict[str, Any], path: str, root: Any) -> list[Unsupported]:
     # both backends take these keywords, but not with their meaning (measured): an allOf of several
     # schemas becomes their outputs one after another (outlines: `{"a":1}{"b":"x"}`) or is ignored
-    # (xgrammar); a oneOf is generated as an anyOf, exact only where no value matches two branches
+    # (xgrammar); a oneOf is generated as an anyOf, exact only where no value matches two branches; and
+    # beside other keywords ({"properties": ..., "anyOf": [{"required": ...}]}) one side is dropped
     found = []
+    present = [k for k in _COMBINATORS if k in schema]
+    siblings = [k for k in schema if k not in ANNOTATIONS and k not in (*_COMBINATORS, "$defs", "definitions")]
+    if present and (siblings or len(present) > 1):
+        beside = ", ".join(siblings + present[1:])
+        found.append(Unsupported(path, f"{present[0]} beside {beside} (the backends keep one side: move them into "
+                                       f"the {present[0]}'s schemas)"))
     all_of = schema.get("allOf")
     if isinstance(all_of, list) and len(all_of) > 1:
         found.append(Unsupported(path, "allOf (more than one schema: merge them into one)"))
@@ -104,6 +121,55 @@ def _combinators(schema: dict[str, Any], path: str, root: Any) -> list[Unsupport
         found.append(Unsupported(path, "oneOf (branches a value could match twice: use anyOf, or tell them "
                                        "apart by a required property with a different const in each)"))
     return found
+
+
+def _undeclared_required(schema: dict[str, Any], path: str) -> list[Unsupported]:
+    # neither backend generates a required property the schema does not declare (measured): every
+    # output would fail the schema
+    required = schema.get("required")
+    properties = schema.get("properties")
+    declared: dict[str, Any] = properties if isinstance(properties, dict) else {}
+    if not isinstance(required, list) or any(k in schema for k in _COMBINATORS):
+        return []  # (beside a combinator: named as such)
+    return [Unsupported(path, f"required '{name}' (not in properties: declare it)")
+            for name in required if isinstance(name, str) and name not in declared]
+
+
+def unsafe_pattern(pattern: str) -> str | None:
+    """Why outlines would let `pattern` out of its JSON string, or None. outlines-core writes a pattern
+    between the string's quotes as it is (measured): '.', a negated class or \\S can match a quote, a
+    backslash or a control character (not JSON); a '|' outside any group splits the whole regex; and a
+    pattern anchored at one end only does not compile."""
+    starts, ends = pattern.startswith("^"), pattern.endswith("$") and not pattern.endswith("\\$")
+    if starts != ends:
+        return "anchored at one end only"
+    body = pattern[int(starts): len(pattern) - int(ends)]
+    depth, i, in_class = 0, 0, False
+    while i < len(body):
+        c = body[i]
+        if c == "\\":
+            if body[i + 1 : i + 2] in ("S", "W", "D", "s"):
+                return f"\\{body[i + 1]} can match a quote, a backslash or a control character"
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            if body[i + 1 : i + 2] == "^":
+                return "a negated class can match a quote, a backslash or a control character"
+            in_class = True
+            i += 1 if body[i + 1 : i + 2] != "]" else 2  # a ']' first in a class is itself
+            continue
+        elif c == ".":
+            return "'.' can match a quote, a backslash or a control character"
+        elif c in "^$":
+            return "an anchor inside it"
+        elif c == "|" and depth == 0:
+            return "a '|' outside any group"
+        else:
+            depth += (c == "(") - (c == ")")
+        i += 1
+    return None
 
 
 def check_schema(schema: Any) -> None:

@@ -43,9 +43,10 @@ class GrammarSpec:
             raise ConstraintError("tool calls need a non-empty marker")
 
     def key(self) -> str:
-        """A digest of the spec: equal specs share one compiled grammar."""
+        """A digest of the spec: equal specs share one compiled grammar. Keys keep their order: a grammar
+        writes properties in the order the schema declares them, so two orders are two grammars."""
         data = [self.json_schema, self.calls_schema, self.free_text, self.marker]
-        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
+        return hashlib.sha256(json.dumps(data).encode()).hexdigest()
 
 
 _META = frozenset("\\.+*?()|[]{}^$#&-~")

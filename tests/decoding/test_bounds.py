@@ -49,10 +49,30 @@ def test_open_maps_get_a_key_limit_and_closed_objects_none() -> None:
     assert "maxProperties" not in outlines["labels"]  # beside declared properties outlines generates those only
 
 
-def test_outlines_gets_its_own_digit_keywords() -> None:
+def test_outlines_gets_its_own_digit_keywords_and_free_values_are_integers_there() -> None:
+    """outlines-core's fraction keywords make a language without 5 or 5.25, and with "12." (not JSON, a
+    review found): a declared number keeps them (unbounded, greedy decoding runs on in its digits), a value
+    the schema leaves free is an integer there, whose digit keyword is exact."""
     props = bound_schema(SCHEMA, Bounds(digits=6), "outlines")["properties"]
     assert props["count"]["maxDigits"] == 6 and "maximum" not in props["count"]
     assert props["ratio"]["maxDigitsInteger"] == 6 and props["ratio"]["maxDigitsFraction"] == 6
+    free = bound_schema({"type": "object"}, Bounds(digits=6), "outlines")["additionalProperties"]
+    assert free["type"] == ["string", "integer", "boolean", "null"] and free["maxDigits"] == 6
+
+
+def test_an_integer_bound_past_the_digit_limit_gets_a_side_it_can_meet() -> None:
+    """A caller's minimum of 10**13 got a maximum of 10**12 - 1 beside it: xgrammar refused to compile."""
+    schema = {"type": "object", "properties": {"big": {"type": "integer", "minimum": 10**13},
+                                               "low": {"type": "integer", "exclusiveMaximum": -(10**13)}}}
+    props = bound_schema(schema, Bounds(digits=6), "xgrammar")["properties"]
+    assert props["big"] == {"type": "integer", "minimum": 10**13, "maximum": 10**13 + 999999}
+    assert props["low"] == {"type": "integer", "exclusiveMaximum": -(10**13), "minimum": -(10**13) - 999999}
+
+
+def test_data_inside_a_schema_is_never_bounded() -> None:
+    schema = {"type": "object", "properties": {"kind": {"const": {"type": "string"}},
+                                               "pick": {"enum": [{"type": "array"}], "default": {"type": "string"}}}}
+    assert bound_schema(schema, Bounds(), "outlines")["properties"] == schema["properties"]
 
 
 @pytest.mark.parametrize(("fmt", "values"), [
@@ -77,7 +97,8 @@ def test_values_a_schema_leaves_free_are_bounded_scalars(backend: str) -> None:
     json_object = bound_schema({"type": "object"}, bounds, backend)
     assert json_object["maxProperties"] == 3
     free = json_object["additionalProperties"]
-    assert free["type"] == ["string", "number", "boolean", "null"] and free["maxLength"] == 7
+    number = "integer" if backend == "outlines" else "number"
+    assert free["type"] == ["string", number, "boolean", "null"] and free["maxLength"] == 7
     schema = {"type": "object", "properties": {"any": {}, "list": {"type": "array"}, "open": {
         "type": "object", "additionalProperties": True}, "closed": {"type": "object", "properties": {}}},
         "required": ["any"]}

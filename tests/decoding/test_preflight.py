@@ -8,7 +8,9 @@ import pytest
 
 from decoding.constraints.base import ConstraintError, UnsupportedKeywordError
 from decoding.constraints.corpus import load_corpus
+from decoding.constraints.outlines_backend import OutlinesBackend
 from decoding.constraints.preflight import preflight, unsupported_keywords, validate_output
+from decoding.tokenizer import Tokenizer
 
 
 def corpus() -> list[dict]:
@@ -199,3 +201,42 @@ def test_a_one_of_whose_branches_may_overlap_is_refused(one_of: list, backend: s
         preflight({"type": "object", "properties": {"x": {"oneOf": one_of}}}, backend)
     missing = preflight({"oneOf": one_of}, backend, allow_validate_after=True)  # "strict": false
     assert [m.keyword.split(" ")[0] for m in missing] == ["oneOf"]
+
+
+@pytest.mark.parametrize(("schema", "outlines", "xgrammar"), [
+    # the backends keep one side of these pairs without a word (measured by a review)
+    ({"type": "string", "format": "email", "pattern": "^b.*$"}, "format (with pattern)", "pattern (with format)"),
+    ({"type": "object", "properties": {"a": {"type": "string"}}, "anyOf": [{"required": ["a"]}]},
+     "anyOf beside type, properties", "anyOf beside type, properties"),
+    ({"properties": {"a": {"type": "integer"}}, "required": ["a"], "$ref": "#/$defs/B",
+      "$defs": {"B": {"type": "object"}}}, "$ref beside properties, required", "$ref beside properties, required"),
+    # a required property the schema does not declare: neither backend generates it
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a", "b"]},
+     "required 'b' (not in properties", "required 'b' (not in properties"),
+])
+def test_keywords_a_backend_would_drop_beside_others_are_named(schema: dict, outlines: str, xgrammar: str) -> None:
+    for backend, expected in (("outlines", outlines), ("xgrammar", xgrammar)):
+        found = [str(u) for u in unsupported_keywords(schema, backend)]
+        assert any(expected in f for f in found), (backend, found)
+
+
+@pytest.mark.parametrize(("pattern", "unsafe"), [
+    ("^[A-Z]{3}$", False), ("^(a|b)$", False), ("abc", False), ("^\\d{5}(-\\d{4})?$", False), ("^[\\w.-]+$", False),
+    ("^.{1,20}$", True), ("^[^0-9]{1,4}$", True), ("^a|b$", True), ("^abc", True), ("^[a-z\\s]+$", True),
+])
+def test_outlines_refuses_a_pattern_that_would_leave_its_string(pattern: str, unsafe: bool) -> None:
+    """outlines writes a pattern between the quotes as it is: '{"x":"a"b"}' was a complete output of
+    `^[^0-9]{1,4}$`, and not JSON (a review). xgrammar confines the pattern to the string."""
+    schema = {"type": "object", "properties": {"x": {"type": "string", "pattern": pattern}}}
+    assert any(u.keyword.startswith("pattern (") for u in unsupported_keywords(schema, "outlines")) == unsafe
+    assert unsupported_keywords(schema, "xgrammar") == []
+
+
+def test_an_unsafe_pattern_really_leaves_the_string_on_outlines(embedded_tokenizer: Tokenizer) -> None:
+    """What the refusal prevents, on the real backend: a quote inside the value, and the output complete."""
+    grammar = OutlinesBackend(embedded_tokenizer, embedded_tokenizer.turn_end_id or 0).compile_json_schema(
+        {"type": "object", "properties": {"x": {"type": "string", "pattern": "^[^0-9]{1,4}$"}}, "required": ["x"],
+         "additionalProperties": False}).new()
+    for token in embedded_tokenizer.encode('{"x":"a"b"}'):
+        assert grammar.allows(token)
+        grammar.accept(token)

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from decoding.constraints.backends import make_backend
 from decoding.constraints.base import ConstraintError, UnsupportedKeywordError
+from decoding.constraints.spec import GrammarSpec
 from decoding.errors import InvalidRequestError
 from decoding.structured import (
     OutputValidationError,
     parse_response_format,
     plan_output,
 )
+from decoding.tokenizer import Tokenizer
 from decoding.tools import parse_tool_choice, parse_tools
 from tests.decoding.test_tools import BOOK, WEATHER
 
@@ -68,6 +73,24 @@ def test_unenforced_keywords_are_refused_by_name_unless_strict_is_false() -> Non
     assert plan.finish('{"name":"Ada","age":3}', "stop").parsed == {"name": "Ada", "age": 3}
 
 
+def test_strict_false_generates_without_what_the_backend_lacks_and_checks_it_after(
+        embedded_tokenizer: Tokenizer) -> None:
+    """outlines has no `hostname` format: handed over, it refused to compile the schema that `strict: false`
+    asked to generate loosely (a review). The generated schema leaves it out; the check after keeps it."""
+    schema = {"type": "object", "properties": {"host": {"type": "string", "format": "hostname", "maxLength": 20},
+                                               "n": {"type": "integer", "multipleOf": 3}}, "required": ["host", "n"]}
+    fmt = parse_response_format({"type": "json_schema", "json_schema": {"name": "h", "schema": schema,
+                                                                         "strict": False}})
+    plan = plan_output([], parse_tool_choice(None, []), fmt, "outlines")
+    assert plan.spec is not None and plan.spec.json_schema is not None
+    generated = plan.spec.json_schema["properties"]
+    assert generated == {"host": {"type": "string", "maxLength": 20}, "n": {"type": "integer"}}
+    assert plan.json_schema == schema  # what the output is checked against after
+    make_backend("outlines", embedded_tokenizer).compile(plan.spec)  # compiles now
+    with pytest.raises(OutputValidationError):
+        plan.finish('{"host":"not a host!","n":4}', "stop")
+
+
 def test_tool_parameters_are_preflighted_with_their_path() -> None:
     tools = parse_tools([{"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": {"n": {"type": "integer", "multipleOf": 5}}}}}])
@@ -103,8 +126,22 @@ def test_calls_cut_by_max_tokens_come_back_as_calls() -> None:
     # a call cut before its arguments began is left out
     early = plan.finish('<tool_call>[{"name":"get_weather","arguments":{"city":"Oslo"}},{"name":"get_', "length")
     assert [c.name for c in early.tool_calls] == ["get_weather"] and early.finish_reason == "length"
+    bare = plan.finish('<tool_call>[{"name":"get_weather","arguments":', "length")  # nothing of them yet
+    assert (bare.content, bare.tool_calls) == (None, [])
+    # cut inside the marker itself: neither the marker's text nor a call (a review found it as content)
+    marker = plan.finish("<tool_ca", "length")
+    assert (marker.content, marker.tool_calls, marker.finish_reason) == (None, [], "length")
     # complete but failing the schema (a keyword validated after): the 422 of a finished output
     with pytest.raises(OutputValidationError):
         plan.finish('<tool_call>[{"name":"get_weather","arguments":{}}]', "length")
     with pytest.raises(OutputValidationError):
         plan.finish('<tool_call>[{"name":"get_weather","arguments":{}}]', "stop")
+
+
+def test_two_property_orders_are_two_grammars() -> None:
+    """A grammar writes properties in the schema's order; one cache key for both orders wrote the second
+    schema in the first one's order (a review)."""
+    a = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}}}
+    b = {"type": "object", "properties": {"age": {"type": "integer"}, "name": {"type": "string"}}}
+    assert GrammarSpec(json_schema=a).key() != GrammarSpec(json_schema=b).key()
+    assert GrammarSpec(json_schema=a).key() == GrammarSpec(json_schema=json.loads(json.dumps(a))).key()
