@@ -177,7 +177,7 @@ def _bench_gateway(args: argparse.Namespace) -> int:
 def _distill(args: argparse.Namespace) -> int:
     from decoding.distill.card import card_markdown
     from decoding.distill.data import DataConfig
-    from decoding.distill.run import distill
+    from decoding.distill.run import checkpoint_path, distill
     from decoding.distill.train import TrainConfig
     from decoding.draft_head import default_feature_layers, read_metadata
     from decoding.loading import load_model
@@ -189,6 +189,11 @@ def _distill(args: argparse.Namespace) -> int:
             raise UsageError(f"--evaluate {head}: not a draftgate draft head")
     if args.rounds < 1:
         raise UsageError(f"--rounds: must be at least 1, got {args.rounds}")
+    for name in ("epochs", "minutes", "lr", "tokens_per_update", "layers", "steps", "vocab_size", "max_new_tokens"):
+        if not getattr(args, name) > 0:  # found now, not an hour of data generation later
+            raise UsageError(f"--{name.replace('_', '-')}: must be above 0, got {getattr(args, name)}")
+    if args.prompt_weight < 0:
+        raise UsageError(f"--prompt-weight: must be 0 or more, got {args.prompt_weight}")
     _check_writable(args.out)
     _check_writable(args.data)  # read if there, else built and written there
     target = load_model(args.model, args.dtype)
@@ -210,6 +215,9 @@ def _distill(args: argparse.Namespace) -> int:
                          feature_layers=taps, copy_hint=args.copy_hint and args.design != "tokens",
                          context_vocab=args.context_vocab)
     out = Path(args.out or f"draft-{target.name}-{args.design}.safetensors")
+    if args.resume and not checkpoint_path(target, data, config).exists():  # not a silent fresh hour-long run
+        raise UsageError("--resume: no checkpoint of this configuration to resume (the options must be the ones "
+                         f"of the run to resume; looked for {checkpoint_path(target, data, config)})")
     card = distill(target, out, data, config, resume=args.resume, data_file=Path(args.data) if args.data else None)
     out.with_suffix(".md").write_text(card_markdown(card, f"Draft head for {target.name} ({args.design})"))
     print(json.dumps({"held_out": card["held_out"]["all"], "cost": card["cost"],
@@ -294,7 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "under a constraint)")
     gen.add_argument("--dtype", default="auto", help="auto (bf16 where the CPU has it), bf16, fp32, fp64 or fp16")
     gen.add_argument("--max-tokens", type=_positive, default=256, help="new tokens at most (default 256)")
-    gen.add_argument("--max-draft-tokens", type=int, default=8,
+    gen.add_argument("--max-draft-tokens", type=_int_in(1, 32, "a whole number", "must be 1 to 32"), default=8,
                      help="drafts per pass at most (default 8; fewer where bigger passes do not pay on this machine)")
     gen.add_argument("--no-fit", action="store_true",
                      help="draft --max-draft-tokens a pass without measuring what passes cost here")
@@ -400,7 +408,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.func(args))
     except DecodingError as exc:
-        print(f"draftgate: error [{exc.code}]: {exc}", file=sys.stderr)
+        hint = ""
+        if exc.code == "unsupported_schema_keyword" and args.command == "generate":
+            hint = " (on the command line, --not-strict asks for that)"
+        print(f"draftgate: error [{exc.code}]: {exc}{hint}", file=sys.stderr)
         return 2
     except (PolicyError, NoKeysError, UsageError) as exc:
         print(f"draftgate: error: {exc}", file=sys.stderr)

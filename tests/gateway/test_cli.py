@@ -86,11 +86,15 @@ def test_bench_refuses_what_cannot_work_before_running(tmp_path: Path, args: tup
     (("--evaluate", "{not_a_head}"), "not a draftgate draft head"),
     (("--out", "/nonexistent/dir/head.safetensors"), "cannot write /nonexistent/dir/head.safetensors: no directory"),
     (("--rounds", "0"), "--rounds: must be at least 1, got 0"),
+    # started an hour of data generation, found wrong (or never) at its end (a trial)
+    (("--epochs", "-1"), "--epochs: must be above 0, got -1.0"),
+    (("--lr", "0"), "--lr: must be above 0, got 0.0"),
+    (("--resume", "--seed", "987654", "--out", "{tmp}/h.safetensors"), "--resume: no checkpoint of this configuration"),
 ])
 def test_distill_refuses_what_cannot_work_before_running(tmp_path: Path, args: tuple[str, ...], message: str) -> None:
     not_a_head = tmp_path / "notes.safetensors"
     not_a_head.write_text("hello")
-    proc = _draftgate("distill", *(a.format(not_a_head=not_a_head) for a in args), timeout=120)
+    proc = _draftgate("distill", *(a.format(not_a_head=not_a_head, tmp=tmp_path) for a in args), timeout=120)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
     assert "Traceback" not in proc.stderr
 
@@ -170,6 +174,7 @@ def test_a_schema_keyword_the_backend_cannot_enforce_is_refused_unless_not_stric
     refused = _draftgate(*base)
     assert refused.returncode == 2 and "unsupported_schema_keyword" in refused.stderr, refused.stderr
     assert "multipleOf" in refused.stderr and 'names no "strict" counts as strict' in refused.stderr
+    assert "on the command line, --not-strict asks for that" in refused.stderr  # not only the API's way
     lenient = _draftgate(*base, "--not-strict")  # generated under what outlines enforces, validated after
     assert "unsupported_schema_keyword" not in lenient.stderr, lenient.stderr
     if lenient.returncode != 0:  # the 135M model may miss the keyword it was not held to: then it says so
@@ -188,6 +193,7 @@ def test_an_unknown_named_tool_is_a_clear_error(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("args", "message"), [
     (("--max-tokens", "0"), "--max-tokens: must be at least 1, got 0"),
+    (("--max-draft-tokens", "0"), "--max-draft-tokens: must be 1 to 32, got 0"),  # turned speculation off
     (("--temperature", "-1"), "temperature must be >= 0"),
     (("--top-p", "5"), "top_p must be in [0, 1]"),
     (("--drafters", "foo"), "unknown drafter 'foo' (known: grammar, ngram, draft)"),
