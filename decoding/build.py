@@ -53,6 +53,9 @@ def load_draft(spec: str | None, target: LoadedModel, dtype: str = "auto") -> Dr
         return load_head_for(path, target)
     if is_head_file(spec):
         return load_head_for(Path(spec), target)
+    if spec.endswith(".safetensors") and Path(spec).is_file():  # a lone weights file: a head or nothing
+        raise ModelLoadError(f"{spec}: not a draftgate draft head (a head from `draftgate distill` carries its "
+                             "metadata); a draft model is a .gguf file or a HF model directory")
     draft = load_model(spec, dtype)
     check_same_tokenizer(target, draft)
     return draft

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import save_file
 
 from decoding import kernels
 from decoding.build import MIN_DRAFT_PEAK, build_drafter, load_draft
@@ -159,6 +160,10 @@ def test_head_file_round_trips_and_refuses_another_tokenizer(tiny_model: TinyFac
     other = tiny_model(vocab_size=24)
     with pytest.raises(TokenizerMismatchError, match="another tokenizer"):
         load_draft(str(path), other)
+    weights = tmp_path / "weights.safetensors"  # safetensors, but no head's metadata
+    save_file({"w": torch.zeros(2)}, str(weights))
+    with pytest.raises(ModelLoadError, match="not a draftgate draft head"):  # was "expected a .gguf file"
+        load_draft(str(weights), target)
     drafter = build_drafter(["grammar", "ngram", "draft"], target, load_draft(str(path), target), 6)
     # the grammar's forced tokens and the n-gram's match after them, or else the head's chain
     assert isinstance(drafter, FallbackDrafter) and isinstance(drafter.drafters[1], HeadDrafter)
