@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from decoding.constraints.base import ConstraintError
-from decoding.constraints.preflight import check_schema
+from decoding.constraints.preflight import DATA_KEYWORDS, SUBSCHEMA_MAPS, check_schema
 from decoding.constraints.spec import TOOL_CALL_MARKER
 from decoding.errors import ToolError, UnknownToolError
 
@@ -147,12 +147,6 @@ def parse_tool_choice(raw: Any, tools: list[Tool], parallel_tool_calls: bool | N
 _REF = re.compile(r"^#(/(?:\$defs|definitions)/)?(.*)$")
 
 
-# keywords whose values are data, never schemas: copied as they are
-_DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples", "required"})
-# keywords whose values map names (a property's, say) to schemas: the names are data
-_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "dependentSchemas"})
-
-
 def _rehome(schema: Any, prefix: str, where: str) -> Any:
     """Rewrite local `$ref`s of a tool's parameters for their new home under the calls schema's `$defs`;
     `$defs` and `definitions` move there (calls_schema). Only schema keywords are rewritten: a property
@@ -172,9 +166,9 @@ def _rehome(schema: Any, prefix: str, where: str) -> Any:
             out[key] = f"#/$defs/{prefix}" + (f"__{match.group(2)}" if match.group(1) else "")
         elif key in ("$defs", "definitions"):
             continue
-        elif key in _DATA_KEYWORDS:
+        elif key in DATA_KEYWORDS:
             out[key] = value
-        elif key in _SCHEMA_MAPS and isinstance(value, dict):
+        elif key in SUBSCHEMA_MAPS and isinstance(value, dict):  # names (a property's) are data
             out[key] = {name: _rehome(sub, prefix, where) for name, sub in value.items()}
         else:
             out[key] = _rehome(value, prefix, where)

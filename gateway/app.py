@@ -56,10 +56,6 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(parts)
 
 
-def limit_of(gateway: GatewayState) -> int:
-    return gateway.policy.server.max_body_bytes
-
-
 SERVED = "this gateway serves POST /v1/chat/completions, GET /v1/models, GET /v1/models/{model} and GET /health"
 
 
@@ -98,7 +94,8 @@ def create_app(policy: Policy, state: GatewayState | None = None) -> FastAPI:
 
     async def _chat(request: Request) -> Response:
         gateway.keys.check(request.headers.get("authorization"))
-        return await chat_completions(gateway, parse_request(await read_body(request, limit_of(gateway))), request)
+        body = await read_body(request, gateway.policy.server.max_body_bytes)
+        return await chat_completions(gateway, parse_request(body), request)
 
     def model_card(route: Route) -> dict[str, Any]:
         return {"id": route.model, "object": "model", "created": gateway.started,

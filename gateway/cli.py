@@ -215,9 +215,10 @@ def _distill(args: argparse.Namespace) -> int:
                          feature_layers=taps, copy_hint=args.copy_hint and args.design != "tokens",
                          context_vocab=args.context_vocab)
     out = Path(args.out or f"draft-{target.name}-{args.design}.safetensors")
-    if args.resume and not checkpoint_path(target, data, config).exists():  # not a silent fresh hour-long run
+    checkpoint = checkpoint_path(target, data, config)
+    if args.resume and not checkpoint.exists():  # not a silent fresh hour-long run
         raise UsageError("--resume: no checkpoint of this configuration to resume (the options must be the ones "
-                         f"of the run to resume; looked for {checkpoint_path(target, data, config)})")
+                         f"of the run to resume; looked for {checkpoint})")
     card = distill(target, out, data, config, resume=args.resume, data_file=Path(args.data) if args.data else None)
     out.with_suffix(".md").write_text(card_markdown(card, f"Draft head for {target.name} ({args.design})"))
     print(json.dumps({"held_out": card["held_out"]["all"], "cost": card["cost"],

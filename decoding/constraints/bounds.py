@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from decoding.constraints.outlines_maps import is_map
+from decoding.constraints.preflight import DATA_KEYWORDS
 
 # bounded patterns for the formats whose values have no natural length, of each format's shape (a date-time
 # pattern takes Feb 31: the output check after refuses it)
@@ -133,10 +134,6 @@ def bound_schema(schema: Any, bounds: Bounds, backend: str) -> Any:
         return [bound_schema(s, bounds, backend) for s in schema]
     if not isinstance(schema, dict):
         return schema
-    out = {k: v if k in _DATA_KEYWORDS else bound_schema(v, bounds, backend) for k, v in schema.items()}
+    out = {k: v if k in DATA_KEYWORDS else bound_schema(v, bounds, backend) for k, v in schema.items()}
     _bound_node(out, bounds, backend)
     return out
-
-
-# keywords whose values are data, not schemas: a `const` object is never bounded
-_DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples", "required"})

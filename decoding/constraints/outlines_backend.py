@@ -42,6 +42,7 @@ log = logging.getLogger(__name__)
 # outlines keeps this many states; 64 let a long forced `const` crash the request (a review)
 MAX_ROLLBACK = 256
 
+
 class OutlinesGrammar(Grammar):
     def __init__(self, guide: Any, vocab_size: int, words: int, eos_token_id: int, vocab: VocabBytes) -> None:
         self.guide = guide

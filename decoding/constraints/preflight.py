@@ -40,6 +40,8 @@ FORMATS = {
 LENGTH_KEYS = frozenset({"minLength", "maxLength"})
 # keywords a backend enforces on maps only (objects with no declared properties, open to any key)
 MAP_COUNTS = {"outlines": frozenset(COUNT_KEYS), "xgrammar": frozenset()}
+# keywords whose values are data, never schemas: whatever rewrites a schema copies them as they are
+DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples", "required"})
 SUBSCHEMA_MAPS = ("properties", "$defs", "definitions", "patternProperties", "dependentSchemas")
 SUBSCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
 SUBSCHEMA_SINGLE = ("items", "additionalProperties", "not", "if", "then", "else", "contains", "propertyNames")
