@@ -37,7 +37,7 @@ def _generate(args: argparse.Namespace) -> int:
     from decoding.generate import GenerationConfig
     from decoding.loading import resolve_dtype
     from decoding.sampling import SamplingParams
-    from decoding.structured import parse_response_format
+    from decoding.structured import OutputValidationError, parse_response_format
     from decoding.tokenizer import cache_root
     from decoding.tools import parse_tool_choice, parse_tools
 
@@ -50,6 +50,8 @@ def _generate(args: argparse.Namespace) -> int:
     if args.system:
         messages.insert(0, {"role": "system", "content": args.system})
     response_format = None
+    if args.not_strict and not args.json_schema:
+        raise InvalidRequestError("--not-strict needs --json-schema")
     if args.json_schema:
         schema = _read_json(args.json_schema, "--json-schema")
         response_format = {"type": "json_schema",
@@ -101,7 +103,12 @@ def _generate(args: argparse.Namespace) -> int:
         held = ""
     result = generation.result
     elapsed = time.perf_counter() - started
-    output = prepared.finish(result)
+    try:
+        output = prepared.finish(result)
+    except OutputValidationError:  # (--not-strict) the text that missed the schema, then the error
+        sys.stdout.write((result.text if not args.stream else held) + "\n")
+        sys.stdout.flush()
+        raise
     if output.tool_calls:
         sys.stdout.write(json.dumps([c.to_openai() for c in output.tool_calls], indent=2))
     elif output.content is not None and (not args.stream or held):

@@ -183,6 +183,18 @@ def test_a_schema_keyword_the_backend_cannot_enforce_is_refused_unless_not_stric
         assert json.loads(lenient.stdout)["a"] % 2 == 0
 
 
+@pytest.mark.slow
+def test_an_output_that_misses_the_schema_after_is_printed_with_the_error(tmp_path: Path) -> None:
+    # outlines has no `minimum`: generated without it, under the 12-digit bound, the number always misses it
+    schema = tmp_path / "big.json"
+    schema.write_text(json.dumps({"type": "object", "properties": {"n": {"type": "integer", "minimum": 10**15}},
+                                  "required": ["n"]}))
+    proc = _draftgate("generate", "A big number as JSON", "--json-schema", str(schema), "--not-strict",
+                      "--backend", "outlines", "--max-tokens", "24", "--temperature", "0")
+    assert proc.returncode == 2 and "output_validation_failed" in proc.stderr, proc.stderr
+    assert json.loads(proc.stdout)["n"] < 10**15  # the text is not lost with the error
+
+
 def test_an_unknown_named_tool_is_a_clear_error(tmp_path: Path) -> None:
     tools = tmp_path / "tools.json"
     tools.write_text(json.dumps([{"type": "function", "function": {"name": "get_weather"}}]))
@@ -201,6 +213,7 @@ def test_an_unknown_named_tool_is_a_clear_error(tmp_path: Path) -> None:
     (("--tool-choice", "required"), "--tool-choice needs --tools"),
     (("--tools", "{tools}", "--tool-choice", "sometimes"), "none, auto, required or a tool's name (get_weather)"),
     (("--json-schema", "{bad_schema}"), "invalid JSON schema"),
+    (("--not-strict",), "--not-strict needs --json-schema"),  # it did nothing
 ])
 def test_generate_refuses_bad_arguments_before_loading_the_model(tmp_path: Path, args: tuple[str, ...],
                                                                   message: str) -> None:
