@@ -148,6 +148,9 @@ class BenchReport:
             )
         if default is not None and any(r.name == default for r in self.rows):
             lines.append("* the gateway's default for these requests (policies/default.yaml)")
+        lines.append("speedup: tokens/s over target-only's, end to end; decode: the same without the prompt's "
+                     "processing; accept: drafts kept / drafted; acc.len: tokens a verify pass yields; pass/tok: "
+                     "target forward passes per generated token (plain steps included; 1.000 for target-only)")
         if any(r.reference for r in self.rows):
             lines.append(f"identical: greedy outputs equal to the row's reference, prompts equal / compared (engine "
                          f"rows: target-only, and they must be; HF rows: HF's own generate). A near-tie is a first "

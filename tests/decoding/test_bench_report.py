@@ -25,6 +25,9 @@ def test_the_default_row_is_marked_and_the_identical_column_explained() -> None:
     assert len(marked) == 1 and not any(line.startswith("engine ngram *") for line in lines)
     assert "* the gateway's default for these requests (policies/default.yaml)" in lines
     assert any(line.startswith("identical: ") and "HF's own generate" in line for line in lines)
+    # every column past the speed is said in words under the table, not only in the JSON's section
+    [legend] = [line for line in lines if line.startswith("speedup: ")]
+    assert all(f"{column}: " in legend for column in ("decode", "accept", "acc.len", "pass/tok"))
     # columns stay aligned under the marker: each row's tok/s ends under the header's
     end = lines[0].index("tok/s") + len("tok/s")
     assert all(line[end - 1] != " " and line[end] == " " for line in lines[2:5])
