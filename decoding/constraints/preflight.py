@@ -87,6 +87,8 @@ def unsupported_keywords(schema: Any, backend: str, path: str = "", root: Any = 
     pattern = schema.get("pattern")
     if backend == "outlines" and isinstance(pattern, str) and (why := unsafe_pattern(pattern)) is not None:
         found.append(Unsupported(path, f"pattern ({why})"))
+    if isinstance(pattern, str) and (feature := unsupported_regex(pattern, backend)) is not None:
+        found.append(Unsupported(path, f"pattern ({feature})"))
     found += _undeclared_required(schema, path)
     for key in SUBSCHEMA_MAPS:
         for name, sub in (schema.get(key) or {}).items():
@@ -170,6 +172,40 @@ def unsafe_pattern(pattern: str) -> str | None:
             return "a '|' outside any group"
         else:
             depth += (c == "(") - (c == ")")
+        i += 1
+    return None
+
+
+_LOOKAROUND = {"(?=": "lookahead", "(?!": "lookahead", "(?<=": "lookbehind", "(?<!": "lookbehind"}
+
+
+def unsupported_regex(pattern: str, backend: str) -> str | None:
+    """The regex feature in `pattern` that `backend` cannot enforce, or None. Measured on both: outlines-core
+    builds no automaton for lookaround, backreferences or word boundaries; xgrammar refuses lookbehind,
+    backreferences, word boundaries and \\p{...} classes, and ignores a lookahead without a word (only a
+    log line: `^(?!ab)[a-z]{2}$` takes "ab")."""
+    i, in_class = 0, False
+    while i < len(pattern):
+        c, following = pattern[i], pattern[i + 1 : i + 2]
+        if c == "\\":
+            if following in ("p", "P") and backend == "xgrammar":
+                return f"the Unicode class \\{following}{{...}}"
+            if not in_class and following in ("b", "B"):  # (in a class, \b is a backspace)
+                return f"the word boundary \\{following}"
+            if not in_class and following and following in "123456789k":
+                return "a backreference"
+            i += 2
+            continue
+        if in_class:
+            in_class = c != "]"
+        elif c == "[":
+            start = i + 1 + (following == "^")
+            i = start + (pattern[start : start + 1] == "]")  # a ']' first in a class is itself
+            in_class = True
+            continue
+        elif c == "(" and (kind := next((k for p, k in _LOOKAROUND.items() if pattern.startswith(p, i)), None)):
+            ignored = backend == "xgrammar" and kind == "lookahead"
+            return f"a {kind} assertion" + (" (xgrammar ignores it: an output could break it)" if ignored else "")
         i += 1
     return None
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 from typing import Any
 
@@ -12,6 +13,13 @@ from decoding.constraints.base import ConstraintError, Grammar, GrammarFactory, 
 from decoding.constraints.spec import GrammarSpec, text_not_starting_with
 from decoding.constraints.vocabulary import token_bytes
 from decoding.tokenizer import Tokenizer
+
+# xgrammar's messages start with a time and its C++ source: "[00:58:32] /project/cpp/regex_converter.cc:94: "
+_LOG_PREFIX = re.compile(r"^\[[0-9:]+\] \S+\.(?:cc|h):[0-9]+: ")
+
+
+def _reason(exc: Exception) -> str:
+    return _LOG_PREFIX.sub("", str(exc).strip())
 
 
 class XGrammarGrammar(Grammar):
@@ -120,7 +128,7 @@ class XGrammarBackend:
                 try:
                     compiled = self.compiler.compile_grammar(self.grammar_for_spec(spec))
                 except (RuntimeError, ValueError) as exc:
-                    raise ConstraintError(f"xgrammar cannot compile this schema: {exc}") from exc
+                    raise ConstraintError(f"xgrammar cannot compile this schema: {_reason(exc)}") from exc
                 self._cache[key] = XGrammarFactory(compiled, self.vocab_size, self.eos_token_id)
             return self._cache[key]
 

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from decoding.constraints.backends import make_backend
 from decoding.constraints.base import ConstraintError, UnsupportedKeywordError
 from decoding.constraints.corpus import load_corpus
 from decoding.constraints.outlines_backend import OutlinesBackend
@@ -88,6 +89,22 @@ def test_a_length_with_a_pattern_is_named_for_the_side_each_backend_drops(backen
 def test_formats_are_validated() -> None:
     with pytest.raises(ConstraintError, match="email"):
         validate_output('"not an address"', {"type": "string", "format": "email"})
+
+
+# jsonschema passes any string for these formats unless its format extras are installed (pyproject.toml):
+# the backends' date grammars take a day the month lacks, and xgrammar's uri one a bare scheme
+@pytest.mark.parametrize(("fmt", "good", "bad"), [
+    ("date-time", "2024-02-29T12:00:00Z", "2024-02-30T12:00:00Z"),
+    ("time", "23:59:59+01:00", "24:00:00Z"),
+    ("uri", "https://example.com/a", "example.com/a"),
+    ("hostname", "api.example.com", "-bad-.example.com"),
+    ("duration", "P1DT2H", "P1H"),
+])
+def test_every_format_a_backend_writes_is_checked_after(fmt: str, good: str, bad: str) -> None:
+    schema = {"type": "string", "format": fmt}
+    assert validate_output(json.dumps(good), schema) == good
+    with pytest.raises(ConstraintError, match=fmt):
+        validate_output(json.dumps(bad), schema)
 
 
 def test_outlines_counts_the_keys_of_maps_and_only_of_maps() -> None:
@@ -240,3 +257,43 @@ def test_an_unsafe_pattern_really_leaves_the_string_on_outlines(embedded_tokeniz
     for token in embedded_tokenizer.encode('{"x":"a"b"}'):
         assert grammar.allows(token)
         grammar.accept(token)
+
+
+@pytest.mark.parametrize(("pattern", "outlines", "xgrammar"), [
+    ("^(?!admin)[a-z]+$", "a lookahead assertion", "a lookahead assertion (xgrammar ignores it"),
+    ("^(?=a)[a-z]$", "a lookahead assertion", "a lookahead assertion (xgrammar ignores it"),
+    ("^(?<!x)y$", "a lookbehind assertion", "a lookbehind assertion"),
+    ("^(a)\\1$", "a backreference", "a backreference"),
+    ("^a\\bb$", "the word boundary \\b", "the word boundary \\b"),
+    ("^\\p{L}+$", None, "the Unicode class \\p{...}"),
+    # not these: a backspace in a class, an escaped parenthesis, a group that captures nothing
+    ("^[\\b]$", None, None), ("^\\(?=$", None, None), ("^(?:ab)+$", None, None), ("^[(?=a]+$", None, None),
+])
+def test_regex_features_a_backend_cannot_enforce_are_named(pattern: str, outlines: str | None,
+                                                           xgrammar: str | None) -> None:
+    schema = {"type": "string", "pattern": pattern}
+    for backend, expected in (("outlines", outlines), ("xgrammar", xgrammar)):
+        found = [u.keyword for u in unsupported_keywords(schema, backend) if u.keyword.startswith("pattern (")]
+        if expected is None:
+            assert found == [], (backend, found)
+        else:
+            assert len(found) == 1 and found[0].startswith(f"pattern ({expected}"), (backend, found)
+
+
+def test_xgrammar_really_ignores_a_lookahead(embedded_tokenizer: Tokenizer) -> None:
+    """What the refusal prevents: compiled as it is, `^(?!ab)[a-z]{2}$` takes "ab" whole (xgrammar only logs
+    that it ignores the lookahead)."""
+    backend = make_backend("xgrammar", embedded_tokenizer)
+    grammar = backend.compile_json_schema({"type": "string", "pattern": "^(?!ab)[a-z]{2}$"}).new()
+    for token in embedded_tokenizer.encode('"ab"'):
+        assert grammar.allows(token)
+        grammar.accept(token)
+    assert grammar.allows(embedded_tokenizer.turn_end_id or 0)
+
+
+def test_xgrammar_compile_errors_read_without_its_source_paths(embedded_tokenizer: Tokenizer) -> None:
+    backend = make_backend("xgrammar", embedded_tokenizer)
+    with pytest.raises(ConstraintError) as err:  # an inline flag: jsonschema's regex check takes it, xgrammar not
+        backend.compile_json_schema({"type": "string", "pattern": "^(?i)abc$"})
+    assert str(err.value).startswith("xgrammar cannot compile this schema: Regex parsing error at position 4")
+    assert ".cc:" not in str(err.value)
