@@ -31,6 +31,7 @@ import hashlib
 import logging
 import os
 import platform
+import shlex
 import subprocess
 import tempfile
 from dataclasses import dataclass
@@ -62,24 +63,26 @@ def _cpu_features() -> str:
     return platform.processor()
 
 
-def _build(compiler: str, flags: tuple[str, ...]) -> Path:
+def _build(compiler: list[str], flags: tuple[str, ...]) -> Path:
+    texts = {path.name: path.read_text() for path in (*SOURCES, HEADER)}  # read once: keyed and compiled
     key = hashlib.sha256(
-        "\n".join([*(source.read_text() for source in (*SOURCES, HEADER)), compiler, *flags, platform.machine(),
-                   _cpu_features()]).encode()
+        "\n".join([*texts.values(), " ".join(compiler), *flags, platform.machine(), _cpu_features()]).encode()
     ).hexdigest()[:16]
     target = cache_root() / "kernels" / f"exact-{key}.so"
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        for name, text in texts.items():  # the text the key names, even if the files change meanwhile
+            (Path(tmp) / name).write_text(text)
         built = Path(tmp) / target.name
-        subprocess.run([compiler, *flags, "-o", str(built), *map(str, SOURCES)], check=True, capture_output=True,
-                       text=True, timeout=120)
+        subprocess.run([*compiler, *flags, "-o", str(built), *(str(Path(tmp) / s.name) for s in SOURCES)],
+                       check=True, capture_output=True, text=True, timeout=120)
         built.replace(target)  # atomic: a concurrent build writes the same bytes
     return target
 
 
-def _load(compiler: str) -> ctypes.CDLL:
+def _load(compiler: list[str]) -> ctypes.CDLL:
     """The kernel built with OpenMP (its rows on torch's threads), else single-threaded (a compiler
     without OpenMP): a row's bits do not depend on it."""
     try:
@@ -94,7 +97,7 @@ def _library() -> ctypes.CDLL | None:
         log.info("exact float32 attention off (DRAFTGATE_EXACT_KERNEL=0): bf16 models attend in float64 and "
                  "multiply through oneDNN, exact and slower")
         return None
-    compiler = os.environ.get("CC", "cc")
+    compiler = shlex.split(os.environ.get("CC") or "cc")  # as make reads it: "ccache gcc", "gcc -std=gnu11"
     try:
         lib = _load(compiler)
     except (OSError, subprocess.SubprocessError) as exc:

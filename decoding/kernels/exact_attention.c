@@ -97,7 +97,7 @@ static inline __attribute__((always_inline)) void value_rows(int rr, int nv, int
         sum[i] = 0.0f;
         for (int u = 0; u < nv; u++) acc[i][u] = splat(0.0f);
     }
-    int part = hd - d0 - (nv - 1) * VL; /* lanes of the last vector: VL, or fewer */
+    int part = whole ? VL : hd - d0 - (nv - 1) * VL; /* lanes of the last vector: VL, or fewer */
     for (int j = 0; j < L; j++) {
         const float* vj = v + (long)j * hd + d0;
         vf val[DV];
@@ -224,8 +224,8 @@ static void attend_rows(const float* q, long qh, long qr, int r0, int n, int T, 
             value_group(rr, nv, s + i * lp, lp, L, v, hd, d0, out + (long)i * hd, d0 == 0 ? sums + i : NULL);
         }
     }
-    for (int i = 0; i < n; i++)
-        for (int d = 0; d < hd; d++) out[(long)i * hd + d] = out[(long)i * hd + d] / sums[i];
+    for (int i = 0; i < n; i++) /* a row whose mask hides every key is zeros, as torch's attention gives */
+        for (int d = 0; d < hd; d++) out[(long)i * hd + d] = sums[i] == 0.0f ? 0.0f : out[(long)i * hd + d] / sums[i];
 }
 
 /* q: query heads nh = nkv g, each (T, hd) float32, head h at q + h * qh, its row t at + t * qr; kt: float32
@@ -233,7 +233,7 @@ static void attend_rows(const float* q, long qh, long qr, int r0, int n, int T, 
  * kv head h's value j at v + h * vhs + j * hd; mask: (T, L) bytes 0/1, or NULL: every key, or with
  * `causal` the keys up to each row's own position (L - T + its token). out: (nh, T, hd). Tasks (a kv
  * head's g T rows, RB at a time) run on up to `threads` threads; a row's result does not depend on which.
- * Returns 0, or -1 when hd is too large or memory runs out. */
+ * Returns 0, -1 when hd is too large, or 1 when memory runs out. */
 int attend(const float* q, long qh, long qr, int nkv, int g, int T, int hd, float scale, const float* kt,
            long khs, long kds, const float* v, long vhs, const uint8_t* mask, int causal, int L, float* out,
            int threads) {
@@ -255,7 +255,7 @@ int attend(const float* q, long qh, long qr, int nkv, int g, int T, int hd, floa
                     causal, L, out + ((long)h * R + r0) * hd, s, lp, s + RB * lp, s + RB * lp + RB * MAX_HD);
         free(s);
     }
-    return failed ? -1 : 0;
+    return failed ? 1 : 0;
 }
 
 /* ---- a whole attention step from the q, k, v projection: rotation, cache write, attention, bf16 out ---- */

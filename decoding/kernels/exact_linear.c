@@ -64,6 +64,8 @@ void exact_linear_pack(const uint16_t *w, long n, long k, uint16_t *packed) {
 #if defined(__AVX512BF16__) && defined(__AVX512F__)
 #include <immintrin.h>
 
+#include "exact_vec.h"
+
 static inline __mmask16 lanes_left(long left) {
   return left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
 }
@@ -112,14 +114,15 @@ static void rows_of_group(const uint16_t *x, long xs, const uint16_t *wg, long k
   }
 }
 
-/* float32 (T, K) -> bf16, rounded to nearest even (NaN stays NaN) */
+/* float32 (T, K) -> bf16, rounded to nearest even (NaN stays NaN) as a cast rounds: in integers, since
+ * the CPU's own conversion (vcvtneps2bf16) takes a subnormal input for zero */
 static void round_rows(const float *xf, long t, long k, uint16_t *out, int threads) {
 #pragma omp parallel for schedule(static) num_threads(threads > 0 ? threads : 1) if (t >= 64)
   for (long r = 0; r < t; r++)
     for (long j = 0; j < k; j += 16) {
       __mmask16 m = lanes_left(k - j);
-      __m256bh h = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(m, xf + r * k + j));
-      _mm256_mask_storeu_epi16(out + r * k + j, m, (__m256i)h);
+      vu h = to_bf16((vf)_mm512_maskz_loadu_ps(m, xf + r * k + j));
+      _mm256_mask_storeu_epi16(out + r * k + j, m, _mm512_cvtepi32_epi16((__m512i)h));
     }
 }
 

@@ -66,9 +66,9 @@ def test_a_tree_row_reads_its_ancestors_as_the_sequential_step_reads_them() -> N
 
 
 @needs_kernel
-@pytest.mark.parametrize("t", [1, 9])
-def test_its_values_are_attention(t: int) -> None:
-    nh, nkv, hd, start = 9, 3, 64, 300
+@pytest.mark.parametrize(("t", "hd"), [(1, 64), (9, 64), (9, 128)])  # 128: value sums of more than 4 vectors
+def test_its_values_are_attention(t: int, hd: int) -> None:
+    nh, nkv, start = 9, 3, 300
     k, v = caches(nkv, 400, hd, seed=t)
     q = torch.randn(1, nh, t, hd, generator=torch.Generator().manual_seed(3)) * 2
     end = start + t
@@ -82,6 +82,17 @@ def test_its_values_are_attention(t: int) -> None:
     # 3e-6 and 7e-6, against 2e-6 and 6e-6 for torch's own float32 attention (blocked sums)
     error = (ours.double() - ref).abs().max().item()
     assert error < (hd + end) * 2**-24, error
+
+
+@needs_kernel
+def test_a_row_whose_mask_hides_every_key_is_zeros_as_torch_gives_it() -> None:
+    q, k, v = (torch.randn(1, 2, n, 16, generator=torch.Generator().manual_seed(n)) for n in (3, 5, 5))
+    mask = torch.ones(3, 5, dtype=torch.bool)  # (T, end)
+    mask[1] = False
+    ours = kernels.exact_attention(q, k, v, 5, mask)  # (1, 2, 3, 16); it was 0 / 0 there
+    ref = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), attn_mask=mask)
+    assert torch.equal(ours[:, :, 1], torch.zeros(1, 2, 16)) and torch.equal(ref[:, :, 1], ours[:, :, 1].double())
+    assert (ours[:, :, 0::2].double() - ref[:, :, 0::2]).abs().max().item() < 1e-5
 
 
 @pytest.fixture
@@ -105,6 +116,13 @@ def test_without_a_compiler_it_says_so_and_the_model_attends_in_float64(
     model.setup_cache(16)
     assert not model.blocks[0].attention.exact_kernel
     assert model.blocks[0].attention.kv_cache.scratch is not None  # float64 reads
+
+
+@needs_kernel
+@pytest.mark.usefixtures("fresh_build")
+def test_a_compiler_named_with_several_words_builds_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CC", "env cc")  # as make takes $CC: "ccache gcc", "gcc -std=gnu11"
+    assert kernels.available()
 
 
 @pytest.mark.usefixtures("fresh_build")

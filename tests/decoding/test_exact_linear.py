@@ -69,6 +69,18 @@ def test_float32_input_is_rounded_as_a_cast_rounds_it() -> None:
     assert not torch.equal(exact(x), exact(x.to(torch.bfloat16).float() + 2.0**-12))  # rounding matters here
 
 
+def test_a_float32_subnormal_is_rounded_as_a_cast_rounds_it() -> None:
+    # the largest subnormal rounds up to the least normal bf16, which the products use: the CPU's own
+    # conversion (vcvtneps2bf16) took it for 0 (a review)
+    linear = torch.nn.Linear(32, 32, bias=False).to(torch.bfloat16)
+    with torch.no_grad():
+        linear.weight.fill_(4.0)  # (so the product, 4.7e-38, is normal: products below are flushed to 0)
+    x = torch.zeros(1, 32)
+    x[0, 0] = torch.tensor(0x007FFFFF, dtype=torch.int32).view(torch.float32)
+    exact = ExactLinear(linear)
+    assert exact(x)[0, 0].item() == exact(x.to(torch.bfloat16))[0, 0].item() == 4 * 2.0**-126
+
+
 def test_the_embedded_layers_round_trip_their_weights() -> None:
     # the module keeps the weight it was built from (state_dict, the LM head's rows the draft head reads)
     linear, _ = make(96, 64, seed=3)
