@@ -15,7 +15,7 @@ import json
 from typing import Any
 
 from decoding.constraints.spec import TOOL_CALL_MARKER
-from decoding.errors import MessageError
+from decoding.errors import EmptyArrayError, MessageError
 from decoding.tokenizer import Tokenizer
 from decoding.tools import Tool, ToolChoice, render_calls
 
@@ -45,19 +45,59 @@ def _text(content: Any, where: str, allow_none: bool = False) -> str:
         return ""
     if isinstance(content, str):
         return content
+    if content == []:
+        raise EmptyArrayError(f"{where} is an empty array: give a string, or at least one text part", param=where)
     if isinstance(content, list):
         parts = []
         for j, part in enumerate(content):
             kind = part.get("type") if isinstance(part, dict) else None
-            if kind == "refusal" and isinstance(part.get("refusal"), str):  # an assistant's earlier refusal
-                parts.append(part["refusal"])
-                continue
-            if kind not in ("text", "input_text") or not isinstance(part.get("text"), str):
+            field = "refusal" if kind == "refusal" else "text"  # (a refusal part: an assistant's earlier refusal)
+            if kind not in ("text", "input_text", "refusal"):
                 raise MessageError(f"{where}[{j}]: only text content parts are supported, got {kind!r}",
                                    param=f"{where}[{j}]")
-            parts.append(part["text"])
+            assert isinstance(part, dict)
+            if not isinstance(part.get(field), str):
+                raise MessageError(f"{where}[{j}].{field} must be a string, got {_json_type(part.get(field))}",
+                                   param=f"{where}[{j}].{field}")
+            parts.append(part[field])
         return "".join(parts)
     raise MessageError(f"{where} must be a string or a list of text parts", param=where)
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "nothing"
+    names = {bool: "a boolean", int: "a number", float: "a number", str: "a string", list: "an array",
+             dict: "an object"}
+    return next((name for kind, name in names.items() if isinstance(value, kind)), type(value).__name__)
+
+
+def _check_string(message: dict[str, Any], field: str, where: str, optional: bool = True) -> None:
+    value = message.get(field)
+    if not (isinstance(value, str) or (optional and value is None)):
+        raise MessageError(f"{where}.{field} must be a string, got {_json_type(value)}", param=f"{where}.{field}")
+
+
+def _check_calls(calls: Any, where: str) -> list[dict[str, Any]]:
+    """An assistant message's tool_calls, each with an id, type "function", a name and its arguments as a
+    JSON string (OpenAI's types: an object there was rendered into the prompt as it came)."""
+    if calls is None:
+        return []
+    if not isinstance(calls, list):
+        raise MessageError(f"{where}.tool_calls must be an array", param=f"{where}.tool_calls")
+    if not calls:
+        raise EmptyArrayError(f"{where}.tool_calls is an empty array: leave it out, or give at least one call",
+                              param=f"{where}.tool_calls")
+    for j, call in enumerate(calls):
+        at = f"{where}.tool_calls[{j}]"
+        fn = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(fn, dict) or not isinstance(fn.get("name"), str) or not isinstance(call.get("id"), str):
+            raise MessageError(f"{at} needs an id and function.name", param=at)
+        if call.get("type") != "function":
+            raise MessageError(f"{at}.type must be \"function\", got {json.dumps(call.get('type'))}",
+                               param=f"{at}.type")
+        _check_string(fn, "arguments", f"{at}.function", optional=False)
+    return calls
 
 
 def _check_answered(at: int, ids: list[str]) -> None:
@@ -87,19 +127,13 @@ def normalize_messages(messages: Any, tools: list[Tool], choice: ToolChoice,
             raise MessageError(f"{where}.role must be one of {', '.join(ROLES)}, got {role!r}", param=f"{where}.role")
         if role != "tool":
             _check_answered(*unanswered)
+        _check_string(message, "name", where)  # (the chat template has no place for it: not rendered)
         if role == "assistant":
-            calls = message.get("tool_calls") or []
-            if not isinstance(calls, list):
-                raise MessageError(f"{where}.tool_calls must be an array", param=f"{where}.tool_calls")
+            _check_string(message, "refusal", where)
+            calls = _check_calls(message.get("tool_calls"), where)
             text = _text(message.get("content"), f"{where}.content", allow_none=True)
-            for j, call in enumerate(calls):
-                fn = call.get("function") if isinstance(call, dict) else None
-                named = isinstance(fn, dict) and isinstance(fn.get("name"), str)
-                if not named or not isinstance(call.get("id"), str):
-                    raise MessageError(f"{where}.tool_calls[{j}] needs an id and function.name",
-                                       param=f"{where}.tool_calls[{j}]")
-                assert isinstance(fn, dict)
-                call_names[call["id"]] = fn["name"]
+            for call in calls:
+                call_names[call["id"]] = call["function"]["name"]
             unanswered = (i, [call["id"] for call in calls])
             if calls:
                 text = (text + "\n" if text else "") + render_calls(calls)

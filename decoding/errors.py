@@ -68,3 +68,9 @@ class MessageError(InvalidRequestError):
     """A chat message the renderer cannot turn into a prompt (bad role, content part, tool result)."""
 
     code = "invalid_messages"
+
+
+class EmptyArrayError(MessageError):
+    """An array inside a message given empty (content parts, tool calls): OpenAI refuses it by this code."""
+
+    code = "empty_array"

@@ -49,7 +49,7 @@ class ChatCompletionRequest(BaseModel):
     stop: str | list[str] | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
-    tools: list[Any] | None = None
+    tools: list[Any] | None = Field(default=None, min_length=1)
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
     response_format: dict[str, Any] | None = None
@@ -244,6 +244,9 @@ def parse_request(body: bytes) -> ChatCompletionRequest:
             raise RequestError(f"unknown parameter '{param}'", param, "unknown_parameter") from exc
         if kind == "missing":
             raise RequestError(f"missing required parameter '{param}'", param, "missing_required_parameter") from exc
+        if kind == "too_short" and value == []:  # as OpenAI names it
+            raise RequestError(f"'{param}' is an empty array: it needs at least one item", param,
+                               "empty_array") from exc
         given = json.dumps(value, default=str)[:80]
         raise RequestError(f"'{param}': {message} (got {given})", param, "invalid_type"
                            if kind.endswith("_type") or kind.startswith("literal") else "invalid_value") from exc

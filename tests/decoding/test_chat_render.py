@@ -66,6 +66,20 @@ def test_calls_and_results_are_written_inline() -> None:
         "name": "get_weather", "arguments": "{}"}}]}, {"role": "tool", "tool_call_id": ["call_1"], "content": "r"}],
      "messages[1].tool_call_id"),
     ([{"role": "assistant", "content": None, "tool_calls": [{"type": "function"}]}], "messages[0].tool_calls[0]"),
+    # values OpenAI's types fix, which were taken as they came (a trial): an object as a call's arguments was
+    # written into the prompt; a name or refusal of another type, a call of another type
+    ([{"role": "assistant", "content": None, "tool_calls": [{**CALL, "function": {"name": "get_weather",
+                                                                                   "arguments": {"city": "Oslo"}}}]}],
+     "messages[0].tool_calls[0].function.arguments"),
+    ([{"role": "assistant", "content": None, "tool_calls": [{**CALL, "function": {"name": "get_weather"}}]}],
+     "messages[0].tool_calls[0].function.arguments"),
+    ([{"role": "assistant", "content": None, "tool_calls": [{**CALL, "type": "functionx"}]}],
+     "messages[0].tool_calls[0].type"),
+    ([{"role": "user", "content": "x", "name": 5}], "messages[0].name"),
+    ([{"role": "assistant", "content": "x", "refusal": 5}], "messages[0].refusal"),
+    # a text part without its text is said to lack its text, not to be another kind of part
+    ([{"role": "user", "content": [{"type": "text"}]}], "messages[0].content[0].text"),
+    ([{"role": "user", "content": [{"type": "text", "text": 5}]}], "messages[0].content[0].text"),
     # calls left without results, before the next message or at the end (OpenAI refuses both)
     ([{"role": "user", "content": "x"}, {"role": "assistant", "content": None, "tool_calls": [CALL]},
       {"role": "user", "content": "hi"}], "messages[1].tool_calls"),
@@ -80,6 +94,24 @@ def test_bad_messages_name_the_field(messages: list, param: str) -> None:
     if param.endswith("tool_call_id"):  # a missing id is said to be missing, a wrong one to answer nothing
         missing = not isinstance(messages[-1].get("tool_call_id"), str)
         assert ("needs tool_call_id" in str(err.value)) == missing
+
+
+@pytest.mark.parametrize(("messages", "param"), [
+    ([{"role": "user", "content": []}], "messages[0].content"),
+    ([{"role": "user", "content": "x"}, {"role": "assistant", "content": "y", "tool_calls": []}],
+     "messages[1].tool_calls"),
+])
+def test_an_empty_array_in_a_message_is_named_as_openai_names_it(messages: list, param: str) -> None:
+    with pytest.raises(MessageError) as err:
+        normalize_messages(messages, TOOLS, parse_tool_choice("auto", TOOLS))
+    assert err.value.param == param and err.value.code == "empty_array"
+
+
+def test_a_name_and_a_refusal_that_are_strings_are_taken() -> None:
+    turns = normalize_messages([{"role": "user", "content": "hi", "name": "ada"},
+                                {"role": "assistant", "content": "no", "refusal": "no", "tool_calls": None},
+                                {"role": "user", "content": "ok"}], TOOLS, parse_tool_choice("none", TOOLS))
+    assert [t["content"] for t in turns] == ["hi", "no", "ok"]
 
 
 def test_special_token_text_in_a_message_stays_text(embedded_tokenizer: Tokenizer) -> None:

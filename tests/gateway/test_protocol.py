@@ -44,7 +44,9 @@ def test_passthrough_keeps_openai_fields_only() -> None:
     (json.dumps(BASE).encode()[:-1] + b', "metadata": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "invalid_json", None),
     (json.dumps({**BASE, "metadata": {"a": json.loads("[" * 70 + "]" * 70)}}).encode(), "invalid_json", None),
     (json.dumps({"messages": BASE["messages"]}).encode(), "missing_required_parameter", "model"),
-    (json.dumps({**BASE, "messages": []}).encode(), "invalid_value", "messages"),
+    # an empty array is named by OpenAI's code for it
+    (json.dumps({**BASE, "messages": []}).encode(), "empty_array", "messages"),
+    (json.dumps({**BASE, "tools": []}).encode(), "empty_array", "tools"),
     (json.dumps({**BASE, "temperature": "0.5"}).encode(), "invalid_type", "temperature"),
     (json.dumps({**BASE, "temperature": 3}).encode(), "invalid_value", "temperature"),
     (json.dumps({**BASE, "max_tokens": 0}).encode(), "invalid_value", "max_tokens"),
