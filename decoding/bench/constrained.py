@@ -1,7 +1,8 @@
 """The `constrained` category: tool calls and schema outputs, per backend, speculation on and off.
 
 Each request runs through `ChatEngine` as the gateway runs it (tools rendered, grammar compiled once,
-output checked), interleaved between configurations. Reported per backend: tokens/s and the speedup of
+output checked), interleaved between configurations. Reported per backend, for all requests and for the
+tool calls and the schema outputs alone: tokens/s and the speedup of
 constrained speculation over constrained target-only, greedy identity between the two, the share of
 outputs that are complete and schema-valid, the grammar's cost per token and its share of the time,
 and schema compile times over the corpus (p50 / p99, and the schemas a backend gave up on).
@@ -23,13 +24,20 @@ from decoding.constraints.base import CompileTimeoutError, ConstraintError
 from decoding.constraints.bounds import Bounds, bound_schema
 from decoding.constraints.corpus import load_corpus
 from decoding.drafters import Drafter
-from decoding.generate import Engine, GenerationConfig
+from decoding.generate import Engine, GenerationConfig, GenerationResult
 from decoding.loading import LoadedModel
 from decoding.progress import progress
 from decoding.stats import SpecStats
 
 BOUNDS = Bounds(string_length=64, digits=12)
 OUTLINES_COMPILE_TIMEOUT_S = 60.0  # as served: the policy's default `constraints.compile_timeout_s`
+
+
+ALL, TOOL_CALLS, SCHEMAS = "all", "tool calls", "schemas"  # the rows' kinds of request
+
+
+def kind_of(request_id: str) -> str:
+    return SCHEMAS if request_id.startswith("schema-") else TOOL_CALLS
 
 
 def load_requests(quick: bool, max_new_tokens: int) -> list[tuple[str, ChatRequest]]:
@@ -55,6 +63,7 @@ def load_requests(quick: bool, max_new_tokens: int) -> list[tuple[str, ChatReque
 class ConstrainedRow:
     backend: str
     name: str
+    kind: str = ALL  # ALL, or the requests of one kind alone: TOOL_CALLS, SCHEMAS
     tokens: int = 0
     seconds: float = 0.0  # end to end: prompt processing included
     decode_seconds: float = 0.0  # from the first token to the last
@@ -91,9 +100,20 @@ class ConstrainedRow:
     def grammar_share(self) -> float:
         return self.stats.grammar_s / self.seconds if self.seconds else 0.0
 
+    def add(self, result: GenerationResult, seconds: float, valid: bool, identical: bool) -> None:
+        """One request's run through this row's engine."""
+        self.tokens += result.completion_tokens
+        self.seconds += seconds
+        self.decode_seconds += result.decode_s
+        self.stats.merge(result.stats)
+        self.requests += 1
+        self.valid += valid
+        self.identical += identical
+
     def to_dict(self) -> dict[str, Any]:
         return {
-            "backend": self.backend, "config": self.name, "requests": self.requests, "tokens": self.tokens,
+            "backend": self.backend, "config": self.name, "kind": self.kind, "requests": self.requests,
+            "tokens": self.tokens,
             "seconds": round(self.seconds, 3), "tokens_per_s": round(self.tokens_per_s, 2),
             "speedup": round(self.speedup, 3), "decode_tokens_per_s": round(self.decode_tokens_per_s, 2),
             "decode_speedup": round(self.decode_speedup, 3), "valid": self.valid,
@@ -130,13 +150,15 @@ class ConstrainedReport:
 
     def table(self) -> str:
         width = max([16, *(len(r.name) for r in self.rows)])  # grammar+ngram+draft is 19
-        head = (f"{'backend':9} {'config':{width}} {'tok/s':>7} {'speedup':>7} {'decode':>7} {'speedup':>7} "
+        head = (f"{'backend':9} {'requests':10} {'config':{width}} {'tok/s':>7} {'speedup':>7} {'decode':>7} "
+                f"{'speedup':>7} "
                 f"{'valid':>7} {'same':>7} {'accept':>6} "
                 f"{'mean_len':>8} {'mask µs/tok':>11} {'mask share':>10}")
         lines = ["constrained (tool calls and schema outputs)", head, "-" * len(head)]
         for r in self.rows:
             lines.append(
-                f"{r.backend:9} {r.name:{width}} {r.tokens_per_s:7.1f} {r.speedup:6.2f}x {r.decode_tokens_per_s:7.1f} "
+                f"{r.backend:9} {r.kind:10} {r.name:{width}} {r.tokens_per_s:7.1f} {r.speedup:6.2f}x "
+                f"{r.decode_tokens_per_s:7.1f} "
                 f"{r.decode_speedup:6.2f}x {r.valid:>3}/{r.requests:<3} "
                 f"{r.identical:>3}/{r.requests:<3} {r.stats.acceptance_rate:6.2f} "
                 f"{r.stats.mean_acceptance_length:8.2f} "
@@ -185,34 +207,31 @@ def _run_requests(backend: str, engines: dict[str, Engine], prepared: dict[str, 
     warm = next(iter(prepared.values()))
     for engine in engines.values():  # warm-up: first calls allocate caches and pick kernels
         replace(warm, engine=engine, config=replace(warm.config, max_new_tokens=8)).start().close()
-    by_name = {name: ConstrainedRow(backend, name) for name in engines}
+    kinds = (ALL, *sorted({kind_of(rid) for rid in prepared}, reverse=True))  # tool calls, then schemas
+    rows = {(kind, name): ConstrainedRow(backend, name, kind) for kind in kinds for name in engines}
     outputs: dict[tuple[str, str], list[int]] = {}
     for rid, job in progress(prepared.items(), desc=f"constrained {backend}", unit="request"):
         for name, engine in engines.items():
             started = time.perf_counter()
             result = replace(job, engine=engine).start().result
             seconds = time.perf_counter() - started
-            row = by_name[name]
-            row.tokens += result.completion_tokens
-            row.seconds += seconds
-            row.decode_seconds += result.decode_s
-            row.stats.merge(result.stats)
-            row.requests += 1
             outputs[(name, rid)] = result.token_ids
             try:
                 out = job.finish(result)
                 if out.finish_reason == "length":
                     raise ConstraintError(f"cut by max_tokens: ...{result.text[-60:]!r}")
-                row.valid += 1
+                valid = True
             except ConstraintError as exc:
                 failures.append(f"{backend} {name} {rid}: {exc}")
-            if outputs[(name, rid)] == outputs[("target-only", rid)]:
-                row.identical += 1
-    base = by_name["target-only"]
-    for row in by_name.values():
+                valid = False
+            identical = outputs[(name, rid)] == outputs[("target-only", rid)]
+            for kind in (ALL, kind_of(rid)):
+                rows[(kind, name)].add(result, seconds, valid, identical)
+    for (kind, _), row in rows.items():
+        base = rows[(kind, "target-only")]
         row.baseline_tokens_per_s = base.tokens_per_s
         row.baseline_decode_tokens_per_s = base.decode_tokens_per_s
-    return list(by_name.values())
+    return list(rows.values())
 
 
 def run_constrained(target: LoadedModel, draft: Draft | None, quick: bool, max_new_tokens: int,
