@@ -37,7 +37,7 @@ def _generate(args: argparse.Namespace) -> int:
     from decoding.generate import GenerationConfig
     from decoding.loading import resolve_dtype
     from decoding.sampling import SamplingParams
-    from decoding.structured import OutputValidationError, parse_response_format
+    from decoding.structured import OutputValidationError, parse_response_format, plan_output
     from decoding.tokenizer import cache_root
     from decoding.tools import parse_tool_choice, parse_tools
 
@@ -58,7 +58,6 @@ def _generate(args: argparse.Namespace) -> int:
                            "json_schema": {"name": "output", "schema": schema, "strict": not args.not_strict}}
     elif args.json_object:
         response_format = {"type": "json_object"}
-    parse_response_format(response_format)
     tools = _read_json(args.tools, "--tools") if args.tools else None
     tool_choice: object = args.tool_choice
     if tool_choice not in (None, "none", "auto", "required"):
@@ -67,11 +66,12 @@ def _generate(args: argparse.Namespace) -> int:
         raise InvalidRequestError("--tool-choice needs --tools")
     parsed_tools = parse_tools(tools)
     try:
-        parse_tool_choice(tool_choice, parsed_tools)
+        choice = parse_tool_choice(tool_choice, parsed_tools)
     except UnknownToolError as exc:  # a mode mistyped reads as a tool's name: say both
         names = ", ".join(t.name for t in parsed_tools)
         raise UnknownToolError(f"--tool-choice {args.tool_choice!r}: none, auto, required or a tool's name "
                                f"({names})") from exc
+    plan_output(parsed_tools, choice, parse_response_format(response_format), args.backend)  # the preflight
     structured = bool(tools or args.json_schema or args.json_object)
     engine = build_engine(args.model, drafters, args.draft, args.dtype, args.max_draft_tokens, with_grammar=structured,
                           draft_tree=not args.draft_chain, fit=not args.no_fit, sampled_tree=args.sampled_tree,

@@ -214,15 +214,19 @@ def test_an_unknown_named_tool_is_a_clear_error(tmp_path: Path) -> None:
     (("--tools", "{tools}", "--tool-choice", "sometimes"), "none, auto, required or a tool's name (get_weather)"),
     (("--json-schema", "{bad_schema}"), "invalid JSON schema"),
     (("--not-strict",), "--not-strict needs --json-schema"),  # it did nothing
+    (("--json-schema", "{odd_schema}", "--backend", "outlines"), "does not enforce 'multipleOf' at /"),  # preflight
 ])
 def test_generate_refuses_bad_arguments_before_loading_the_model(tmp_path: Path, args: tuple[str, ...],
                                                                   message: str) -> None:
     tools, bad_schema = tmp_path / "tools.json", tmp_path / "schema.json"
     tools.write_text(json.dumps([{"type": "function", "function": {"name": "get_weather"}}]))
     bad_schema.write_text(json.dumps({"type": "objcet"}))
+    odd_schema = tmp_path / "odd.json"
+    odd_schema.write_text(json.dumps({"type": "integer", "multipleOf": 2}))
     # a model that cannot load: the argument's own error proves it was checked first
     proc = _draftgate("generate", "hi", "--model", "/nonexistent/model.gguf",
-                      *(a.format(tools=tools, bad_schema=bad_schema) for a in args), timeout=120)
+                      *(a.format(tools=tools, bad_schema=bad_schema, odd_schema=odd_schema) for a in args),
+                      timeout=120)
     assert proc.returncode == 2 and message in proc.stderr, proc.stderr
     assert "model_load_error" not in proc.stderr and "Traceback" not in proc.stderr
 
