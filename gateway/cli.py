@@ -290,15 +290,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO level")
     parser.add_argument("--version", action="version", version=f"draftgate {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
+    # -v after the command too (`draftgate serve -v`, `scripts/run.sh --port 8001 -v`); SUPPRESS keeps a -v
+    # given before it
+    verbose = argparse.ArgumentParser(add_help=False)
+    verbose.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS, help="log at INFO level")
 
-    srv = sub.add_parser("serve", help="serve the OpenAI-compatible API (the policy's routes)")
+    srv = sub.add_parser("serve", help="serve the OpenAI-compatible API (the policy's routes)", parents=[verbose])
     srv.add_argument("--policy", default=None, metavar="FILE", help="policy YAML (default: the shipped default.yaml)")
     srv.add_argument("--host", default="127.0.0.1",
-                     help="address to listen on (0.0.0.0: every interface; give the policy API keys first)")
-    srv.add_argument("--port", type=_port, default=8000, help="0: any free port (the banner says which)")
+                     help="address to listen on (default 127.0.0.1; 0.0.0.0: every interface, give the policy API "
+                          "keys first)")
+    srv.add_argument("--port", type=_port, default=8000, help="default 8000; 0: any free port (the banner says which)")
     srv.set_defaults(func=_serve)
 
-    gen = sub.add_parser("generate", help="generate a chat reply on a local model")
+    gen = sub.add_parser("generate", help="generate a chat reply on a local model", parents=[verbose])
     gen.add_argument("prompt", help="the user message (rendered with the model's chat template)")
     gen.add_argument("--system", default=None, help="a system message before the prompt")
     gen.add_argument("--model", default="embedded", help='"embedded", a .gguf file or a HF model directory')
@@ -321,7 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "(default: n-gram lookup alone there, which measured faster)")
     gen.add_argument("--sampled-tree", action="store_true",
                      help="at --temperature > 0 too, a tree drawn from the head's distribution "
-                          "(implies --sampled-draft; default: a chain there)")
+                          "(implies --sampled-draft, whose head drafts a chain without it)")
     gen.add_argument("--temperature", type=float, default=0.0,
                      help="0 (the default here, unlike the API's 1): greedy; above 0: sampled")
     gen.add_argument("--top-k", type=int, default=0, help="sample from the k likeliest tokens only (0: all)")
@@ -342,7 +347,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--backend", default="outlines", choices=["outlines", "xgrammar"], help="constraint backend")
     gen.set_defaults(func=_generate)
 
-    bench = sub.add_parser("bench", help="benchmark the engine against HF transformers (and llama.cpp)")
+    bench = sub.add_parser("bench", help="benchmark the engine against HF transformers (and llama.cpp)",
+                           parents=[verbose])
     bench.add_argument("--quick", action="store_true", help="a subset: two prompts per category, 64 tokens each")
     bench.add_argument("--json", default=None, metavar="FILE", help="write the results as JSON")
     bench.add_argument("--max-tokens", type=int, default=None, help="new tokens per prompt (default 128)")
@@ -365,7 +371,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="the local route --gateway benches (default: the policy's first local route)")
     bench.set_defaults(func=_bench)
 
-    dist = sub.add_parser("distill", help="train a draft head for a target from the target's own generations")
+    dist = sub.add_parser("distill", help="train a draft head for a target from the target's own generations",
+                          parents=[verbose])
     dist.add_argument("--model", default="embedded", help="the target to distill")
     dist.add_argument("--out", default=None, help="the draft head file to write (.safetensors)")
     dist.add_argument("--design", default="eagle", choices=["eagle", "eagle3", "tokens"],
@@ -424,6 +431,9 @@ def main(argv: list[str] | None = None) -> int:
     except (PolicyError, NoKeysError, UsageError) as exc:
         print(f"draftgate: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: the server has shut down, or a generation stops; no traceback
+        print("draftgate: stopped", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

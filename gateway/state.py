@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from decoding.build import build_engine
 from decoding.chat_engine import ChatEngine, ConstraintOptions
+from decoding.generate import Engine
 from decoding.tokenizer import cache_root
 from gateway.auth import KeyCheck
 from gateway.local import LocalModel
@@ -17,17 +18,22 @@ from policies.model import LocalRoute, Policy
 log = logging.getLogger(__name__)
 
 
+def route_engine(route: LocalRoute) -> Engine:
+    """A local route's target, and its drafters where its speculation is on."""
+    # speculation off: no drafters to load or fit (a request cannot turn it on: gateway/chat.py)
+    drafters = tuple(route.drafters) if route.speculative.enabled else ()
+    return build_engine(route.target, drafters, route.draft, route.dtype, route.speculative.max_draft_tokens,
+                        draft_tree=route.speculative.draft_tree, sampled_tree=route.speculative.sampled_tree,
+                        sampled_draft=route.speculative.sampled_draft, fit=route.speculative.fit_to_machine)
+
+
 def local_model(name: str, route: LocalRoute, policy: Policy) -> LocalModel:
     """Load a local route's target (and draft), ready to serve."""
-    engine = build_engine(route.target, tuple(route.drafters), route.draft, route.dtype,
-                          route.speculative.max_draft_tokens, draft_tree=route.speculative.draft_tree,
-                          sampled_tree=route.speculative.sampled_tree,
-                          sampled_draft=route.speculative.sampled_draft,
-                          fit=route.speculative.fit_to_machine)
     c = route.constraints
     options = ConstraintOptions(backend=c.backend, allow_validate_after=c.allow_validate_after, bounds=c.bounds,
                                 compile_timeout_s=c.compile_timeout_s, cache_dir=cache_root() / "outlines")
-    return LocalModel(name, ChatEngine(engine, options), policy.server.max_queue, policy.server.request_timeout_s)
+    return LocalModel(name, ChatEngine(route_engine(route), options), policy.server.max_queue,
+                      policy.server.request_timeout_s)
 
 
 @dataclass

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -111,8 +112,12 @@ def test_serve_on_port_zero_says_the_port_it_got() -> None:
         assert not url.endswith(":0/v1"), banner
         models = httpx.get(f"{url}/models", timeout=30).json()
         assert models["data"][0]["id"] == "smollm2-135m"
+        proc.send_signal(signal.SIGINT)  # Ctrl-C: it stops, saying so, without a traceback
+        assert proc.wait(timeout=30) == 130
+        rest = proc.stderr.read()
+        assert "draftgate: stopped" in rest and "Traceback" not in rest, rest
     finally:
-        proc.terminate()
+        proc.kill()
         proc.wait(timeout=30)
 
 
@@ -236,3 +241,14 @@ def test_version_is_the_installed_package_version() -> None:
     declared = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"]["version"]
     proc = _draftgate("--version", timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == f"draftgate {declared}"
+
+
+@pytest.mark.parametrize(("argv", "verbose"), [
+    (["serve"], False), (["-v", "serve"], True), (["serve", "-v", "--port", "8001"], True),
+    (["serve", "--port", "8001", "--verbose"], True), (["-v", "generate", "hi", "-v"], True),
+])
+def test_verbose_goes_before_or_after_the_command(argv: list[str], verbose: bool) -> None:
+    # scripts/run.sh passes options after `serve`: `scripts/run.sh --port 8001 -v` was refused
+    from gateway.cli import build_parser
+
+    assert build_parser().parse_args(argv).verbose is verbose
