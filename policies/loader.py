@@ -102,6 +102,7 @@ class _Walker:
         known = {f.name: f for f in fields(cls)}
         given: dict[str, Any] = {}
         value_nodes: dict[str, yaml.Node] = {}
+        faulty: set[str] = set()  # fields with a mistake inside
         found = len(self.errors)
         for key_node, value_node in node.value:
             if not isinstance(key_node, yaml.ScalarNode):  # `? [a]` makes a list a key
@@ -109,6 +110,7 @@ class _Walker:
                 continue
             name = _scalar(key_node)
             path = _child(key, name)
+            before = len(self.errors)
             try:
                 if not isinstance(name, str) or name not in known:
                     raise self.fail(key_node, path, f"unknown key (known here: {', '.join(known)})")
@@ -118,7 +120,10 @@ class _Walker:
                 given[name] = self.value(value_node, hints[name], path)
             except PolicyError as exc:
                 self.errors.append(exc)
-        if len(self.errors) > found or any(v is SKIPPED for v in given.values()):
+            if isinstance(name, str) and (len(self.errors) > before or given.get(name) is SKIPPED):
+                faulty.add(name)
+        if len(self.errors) > found:
+            self.probe(cls, {n: v for n, v in given.items() if n not in faulty}, node, key, value_nodes)
             return SKIPPED
         try:
             return self.build(cls, given, node, key, value_nodes)
@@ -135,16 +140,41 @@ class _Walker:
             raise self.fail(node, key, f"missing required key {missing[0]!r}")
         try:
             return cls(**given)
-        except FieldError as exc:  # a check that names the value at fault by its path inside the record
+        except (FieldError, ValueError) as exc:
+            raise self.checked(exc, node, key, value_nodes)[0] from exc
+
+    def checked(self, exc: Exception, node: yaml.Node, key: str,
+                value_nodes: dict[str, yaml.Node]) -> tuple[PolicyError, str | None]:
+        """A record's own check (__post_init__) that failed, as a PolicyError at the line it faults, and
+        the field it names (None: the record as a whole)."""
+        if isinstance(exc, FieldError):  # names the value at fault by its path inside the record
             found, path = _node_at(node, exc.path, key)
-            raise self.fail(found, path, str(exc)) from exc
-        except ValueError as exc:  # the record's own checks (__post_init__): a message that starts with a
-            # given field's name is that field's fault, named with its own line
-            message = str(exc)
-            name = next((n for n in value_nodes if message.startswith(f"{n} ")), None)
-            if name is None:
-                raise self.fail(node, key, message) from exc
-            raise self.fail(value_nodes[name], _child(key, name), message) from exc
+            return self.fail(found, path, str(exc)), str(exc.path[0]) if exc.path else None
+        # a message that starts with a given field's name is that field's fault, named with its own line
+        message = str(exc)
+        name = next((n for n in value_nodes if message.startswith(f"{n} ")), None)
+        if name is None:
+            return self.fail(node, key, message), None
+        return self.fail(value_nodes[name], _child(key, name), message), name
+
+    def probe(self, cls: Any, good: dict[str, Any], node: yaml.Node, key: str,
+              value_nodes: dict[str, yaml.Node]) -> None:
+        """A record with a mistake inside is not built, but the checks of its other fields still run, so
+        a file's every mistake comes in one error: each check that faults a field without a mistake of its
+        own is reported, and that field left out for the next try. A check of the record as a whole is
+        not (it would judge the defaults standing in for the fields at fault)."""
+        for _ in range(len(good)):
+            try:
+                cls(**good)
+                return
+            except (FieldError, ValueError) as exc:
+                error, name = self.checked(exc, node, key, value_nodes)
+            except TypeError:  # a required field at fault: nothing to build a probe from
+                return
+            if name not in good:
+                return
+            self.errors.append(error)
+            del good[name]
 
 
 def _node_at(node: yaml.Node, path: tuple[str | int, ...], key: str) -> tuple[yaml.Node, str]:

@@ -96,8 +96,9 @@ def test_a_key_that_is_no_name_is_named_by_its_line() -> None:
     with pytest.raises(PolicyError) as err:
         parse_policy("version: 1\nroutes: []\n? [a]\n: 1\n3: x\n", "odd.yaml")
     lines = str(err.value).splitlines()
-    assert lines[0] == "odd.yaml:3: a key must be a plain name, not a list or mapping"
-    assert lines[1].startswith("odd.yaml:5: 3: unknown key (known here: version, routes")
+    assert lines[0] == "odd.yaml:2: routes: routes is empty: the gateway would serve no model"  # its own check
+    assert lines[1] == "odd.yaml:3: a key must be a plain name, not a list or mapping"
+    assert lines[2].startswith("odd.yaml:5: 3: unknown key (known here: version, routes")
 
 
 def test_broken_yaml_and_missing_files(tmp_path: Path) -> None:
@@ -125,6 +126,29 @@ def test_every_mistake_in_a_file_is_named_at_once_in_the_files_order() -> None:
     assert "unknown key (known here: keys, keys_env, dev)" in lines[0] and "must be an int" in lines[3]
     assert "missing required key 'litellm_model'" in lines[4]
     assert (err.value.line, err.value.key, len(err.value.more)) == (2, "auth.keyz", 4)
+
+
+def test_a_records_other_checks_still_run_beside_a_mistake_inside_it() -> None:
+    """A trial's file took four runs to fix: a typo inside `bounds` hid the backend's misspelling beside
+    it, and a second mistake in a route hid an unknown drafter. (A check across records, a model routed
+    twice, still waits for the records it compares to be whole.)"""
+    text = """version: 1
+server: {max_queu: 3}
+routes:
+  - model: a
+    local:
+      drafters: [ngram, eagle]
+      dtype: bf17
+      constraints: {backend: xgramar, bounds: {string_len: 10}}
+"""
+    with pytest.raises(PolicyError) as err:
+        parse_policy(text, "bad.yaml")
+    lines = str(err.value).splitlines()
+    assert [line.split(": ")[:2] for line in lines] == [
+        ["bad.yaml:2", "server.max_queu"], ["bad.yaml:6", "routes[0].local.drafters[1]"],
+        ["bad.yaml:7", "routes[0].local.dtype"], ["bad.yaml:8", "routes[0].local.constraints.bounds.string_len"],
+        ["bad.yaml:8", "routes[0].local.constraints.backend"]]
+    assert "unknown drafter 'eagle'" in lines[1] and "bf17" in lines[2] and "xgramar" in lines[4]
 
 
 def test_server_and_auth_sections(tmp_path: Path) -> None:
