@@ -95,6 +95,8 @@ class UpstreamRoute:
     api_key_env: str | None = None
 
     def __post_init__(self) -> None:
+        if self.api_base is not None and not self.api_base.startswith(("http://", "https://")):
+            raise ValueError(f"api_base must be an http:// or https:// URL, got {self.api_base!r}")
         if "/" not in self.litellm_model and not _litellm_knows(self.litellm_model):
             raise ValueError(f"litellm_model {self.litellm_model!r} names no provider: write it as provider/model "
                              "(openai/<model> for any OpenAI-compatible server at api_base)")

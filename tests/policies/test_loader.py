@@ -75,6 +75,8 @@ def test_a_full_policy_parses_with_types_and_defaults(tmp_path: Path) -> None:
     (("routes:", "routes: {}\nroutez:"), 2, "routes", "must be a list"),
     (("litellm_model: openai/some-model", "litellm_model: some-model"), 10, "routes[1].upstream.litellm_model",
      "litellm_model 'some-model' names no provider: write it as provider/model"),
+    (('api_base: "http://127.0.0.1:9000/v1"', 'api_base: "127.0.0.1:9000/v1"'), 10, "routes[1].upstream.api_base",
+     "api_base must be an http:// or https:// URL, got '127.0.0.1:9000/v1'"),  # (a trial's server started)
 ])
 def test_mistakes_name_file_line_and_key(tmp_path: Path, edit: tuple[str, str], line: int, key: str,
                                          message: str) -> None:
