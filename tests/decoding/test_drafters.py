@@ -63,7 +63,13 @@ def test_draft_model_reuses_its_cache_across_rollbacks(tiny_model: TinyFactory) 
     first = reused.propose(context, 4, GREEDY, G)
     # the target kept 2 drafts and recovered a different third token
     context = context + first.tokens[:2] + [(first.tokens[2] + 1) % 32]
+    calls: list[tuple[int, int]] = []  # (rows, start) of each forward pass of the draft model
+    forward = model.forward
+    model.forward = lambda tokens, start, **kw: calls.append((len(tokens), start)) or forward(tokens, start, **kw)
     second = reused.propose(context, 4, GREEDY, G)
+    # it reads only what its cache lacks: the recovered token, after the 4 + 2 positions it kept (the same
+    # tokens from a cache recomputed from scratch would pass the comparison below too: a review)
+    assert calls[0] == (1, 6) and all(rows == 1 for rows, _ in calls)
     fresh_model = tiny_model(vocab_size=32, seed=3).model
     fresh = DraftModelDrafter(fresh_model, max_tokens=4)
     fresh.prepare(64)

@@ -76,17 +76,20 @@ def test_speculative_greedy_equals_target_only(tiny_model: TinyFactory, dtype: t
     target = tiny_model(vocab_size=64, dtype=dtype, seed=1, logit_scale=2.0)
     base = Engine(target)
     spec = Engine(target, _drafters(target, kind), max_draft_tokens=6)
-    total = SpecStats()
+    total, baseline = SpecStats(), SpecStats()
     for prompt in PROMPTS:
-        expected, _ = _tokens(base, prompt, 40, speculative=False)
+        expected, plain = _tokens(base, prompt, 40, speculative=False)
         got, stats = _tokens(spec, prompt, 40, speculative=True)
         assert got == expected, f"{kind}/{dtype}: speculative output diverged for prompt {prompt[:6]}..."
         total.merge(stats)
+        baseline.merge(plain)
     # the comparison means something only if drafts were actually verified and some accepted
     assert total.draft_tokens > 0 and total.accepted_tokens > 0
     # and some were rejected too, so the rollback path ran
     assert total.accepted_tokens < total.draft_tokens
-    assert total.target_passes < 4 * 40 + 4, "speculation should save target passes"
+    # and the accepted drafts saved passes: fewer than target-only took for the same tokens (a bound of
+    # 4 * 40 + 4 could not fail: every pass yields a token, a review showed)
+    assert total.target_passes < baseline.target_passes == len(PROMPTS) * 40, "speculation should save passes"
     if kind.endswith("-tree") and not kind.startswith("ngram+"):
         assert total.tree_passes > 0, "the tree path ran"
 

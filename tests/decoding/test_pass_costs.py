@@ -81,7 +81,13 @@ def test_measured_costs_are_a_curve_from_one_that_never_falls(tiny_model: TinyFa
     costs = measure_pass_costs(model, max_rows=5, context=16, repeats=6, budget_s=0.0)
     assert len(costs.relative) == 5 and costs.relative[0] == 1.0
     assert all(a <= b for a, b in zip(costs.relative, costs.relative[1:], strict=False))
-    assert 1 <= costs.best_rows() <= 5
+
+
+def test_a_size_dearer_than_a_bigger_one_is_priced_as_the_bigger() -> None:
+    # 3 rows run padded to 4 on some kernels: noise can time them above 4 rows, and a pass is never priced
+    # above a bigger one (the timed curve above rarely falls, so only this shows it: a review)
+    rounds = [[6.0, 6.6, 8.4, 7.8, 9.0] for _ in range(3)]
+    assert relative_costs(rounds).relative == (1.0, 1.1, 1.3, 1.3, 1.5)
 
 
 def test_costs_are_read_within_each_round_so_the_machines_phases_and_spikes_do_not_move_them() -> None:

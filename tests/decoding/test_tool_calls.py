@@ -103,7 +103,7 @@ def test_every_tool_choice_mode(embedded_tokenizer: Tokenizer, backend: str) -> 
 
     parallel, _ = run("required", parallel=True)
     assert parallel.finish_reason in ("tool_calls", "length")
-    assert all(c.name in ("get_weather", "add") for c in parallel.tool_calls)
+    assert parallel.tool_calls and all(c.name in ("get_weather", "add") for c in parallel.tool_calls)
 
     none, _ = run("none")
     assert none.tool_calls == [] and none.finish_reason in ("stop", "length")

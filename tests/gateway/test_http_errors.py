@@ -161,9 +161,11 @@ def test_a_full_queue_answers_429_with_retry_after(upstream_url: str) -> None:
 LONG_REPLY = "Write a long story about a dragon who learns to code."
 
 def test_a_client_that_disconnects_frees_the_engine(gateway_url: str) -> None:
-    """A stream of 600 tokens (~9 s of decoding) dropped after a few chunks: the next request waits for
-    nothing, which it would if the dropped generation were still running."""
-    long = {"model": "smollm2-135m", "max_tokens": 600, "temperature": 0, "stream": True,
+    """A stream of 600 tokens dropped after a few chunks: the next request waits for nothing, which it would
+    if the dropped generation were still running. Without speculation, so the rest would take seconds on
+    any machine this runs on (target-only decodes ~100-200 tokens/s here; with speculation a fast hour
+    finished the whole reply in ~3 s, and a cancel that never happened went unseen: a review)."""
+    long = {"model": "smollm2-135m", "max_tokens": 600, "temperature": 0, "stream": True, "speculative": False,
             "messages": [{"role": "user", "content": LONG_REPLY}]}
     with httpx.stream("POST", f"{gateway_url}/chat/completions", json=long, headers=AUTH, timeout=60) as r:
         lines = 0
@@ -173,7 +175,7 @@ def test_a_client_that_disconnects_frees_the_engine(gateway_url: str) -> None:
                 break
     time.sleep(0.5)
     after = post(gateway_url, {**OK, "max_tokens": 2})
-    assert after.status_code == 200 and after.json()["draftgate"]["queue_s"] < 5.0
+    assert after.status_code == 200 and after.json()["draftgate"]["queue_s"] < 1.0
 
 
 def test_a_client_that_gives_up_on_a_non_streamed_request_frees_the_engine(gateway_url: str) -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
-import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -130,9 +129,7 @@ def test_a_listener_that_leaves_cancels_its_generation() -> None:
         job, events = await decoding_endlessly(local, engine)
         await events.aclose()  # what a disconnected client's stream does
         assert job.cancelled.is_set()
-        started = time.perf_counter()
         _, done = await collect(local, local.submit(prepared(engine, [0, 4], 5)))  # times out unless cancelled
-        assert time.perf_counter() - started < 20
         return done.result.completion_tokens
 
     assert asyncio.run(main()) == 5
