@@ -156,8 +156,12 @@ class LocalModel:
         finally:
             job.cancelled.set()  # a no-op once done; otherwise the worker stops at its next step
 
-    def close(self) -> None:
-        """Stop the worker after its current step; waiting requests are cancelled. Never blocks."""
+    def close(self, timeout_s: float = 2.0) -> None:
+        """Take no more requests: waiting ones are cancelled, and the worker leaves once the one it runs (if
+        any) ends, waited for up to `timeout_s`. An idle worker is gone when this returns: left to leave on
+        its own, it could free the engine while the interpreter shuts down, where torch's tensor
+        deallocation, taking the GIL back, ends the thread inside C++ (std::terminate: a program that
+        closed a LocalModel and returned aborted with exit code 134)."""
         with self._lock:
             self._closed = True
             for job in self._waiting:
@@ -165,6 +169,8 @@ class LocalModel:
             self._waiting.clear()
             self._lock.notify_all()
         self._preparers.shutdown(wait=False, cancel_futures=True)
+        if threading.current_thread() is not self._worker:
+            self._worker.join(timeout_s)
 
     def _next(self) -> Job | None:
         with self._lock:

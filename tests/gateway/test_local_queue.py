@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import subprocess
+import sys
 import threading
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 import torch
@@ -190,3 +193,16 @@ def test_a_request_holds_its_slot_while_it_is_prepared(embedded_tokenizer: Token
 
     assert asyncio.run(main()) == [3, 3]
     local.close()
+
+
+@pytest.mark.slow
+def test_a_program_that_closes_a_local_model_and_returns_exits_cleanly() -> None:
+    # the worker, left to leave on its own, freed the engine while the interpreter shut down: torch's tensor
+    # deallocation took the GIL back there and the thread was ended inside C++ (std::terminate, exit 134)
+    program = ("from gateway.local import LocalModel\n"
+               "from decoding.build import build_engine\n"
+               "from decoding.chat_engine import ChatEngine\n"
+               "LocalModel('m', ChatEngine(build_engine('embedded', ())), 2, 10).close()\n")
+    proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=300,
+                          cwd=Path(__file__).resolve().parents[2])
+    assert proc.returncode == 0 and "terminate called" not in proc.stderr, proc.stderr
