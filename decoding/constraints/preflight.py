@@ -8,6 +8,7 @@ then validated against the full schema with `jsonschema`. Every constrained outp
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -139,6 +140,30 @@ def _undeclared_required(schema: dict[str, Any], path: str) -> list[Unsupported]
             for name in required if isinstance(name, str) and name not in declared]
 
 
+def _scan(regex: str) -> Iterator[tuple[int, str, bool]]:
+    """(position, token, inside a class) for a regex's escapes ("\\d", whole), its classes' openings ("[" or
+    "[^", a ']' first in the class taken as itself) and its other characters outside classes; a class's
+    other characters are skipped."""
+    i, in_class = 0, False
+    while i < len(regex):
+        c = regex[i]
+        if c == "\\":
+            yield i, regex[i : i + 2], in_class
+            i += 2
+        elif in_class:
+            in_class = c != "]"
+            i += 1
+        elif c == "[":
+            opening = "[^" if regex[i + 1 : i + 2] == "^" else "["
+            yield i, opening, False
+            start = i + len(opening)
+            i = start + (regex[start : start + 1] == "]")
+            in_class = True
+        else:
+            yield i, c, False
+            i += 1
+
+
 def unsafe_pattern(pattern: str) -> str | None:
     """Why outlines would let `pattern` out of its JSON string, or None. outlines-core writes a pattern
     between the string's quotes as it is (measured): '.', a negated class or \\S can match a quote, a
@@ -147,32 +172,19 @@ def unsafe_pattern(pattern: str) -> str | None:
     starts, ends = pattern.startswith("^"), pattern.endswith("$") and not pattern.endswith("\\$")
     if starts != ends:
         return "anchored at one end only"
-    body = pattern[int(starts): len(pattern) - int(ends)]
-    depth, i, in_class = 0, 0, False
-    while i < len(body):
-        c = body[i]
-        if c == "\\":
-            if body[i + 1 : i + 2] in ("S", "W", "D", "s"):
-                return f"\\{body[i + 1]} can match a quote, a backslash or a control character"
-            i += 2
-            continue
-        if in_class:
-            in_class = c != "]"
-        elif c == "[":
-            if body[i + 1 : i + 2] == "^":
-                return "a negated class can match a quote, a backslash or a control character"
-            in_class = True
-            i += 1 if body[i + 1 : i + 2] != "]" else 2  # a ']' first in a class is itself
-            continue
-        elif c == ".":
+    depth = 0
+    for _, token, _ in _scan(pattern[int(starts): len(pattern) - int(ends)]):
+        if token in ("\\S", "\\W", "\\D", "\\s"):
+            return f"{token} can match a quote, a backslash or a control character"
+        if token == "[^":
+            return "a negated class can match a quote, a backslash or a control character"
+        if token == ".":
             return "'.' can match a quote, a backslash or a control character"
-        elif c in "^$":
+        if token in ("^", "$"):
             return "an anchor inside it"
-        elif c == "|" and depth == 0:
+        if token == "|" and depth == 0:
             return "a '|' outside any group"
-        else:
-            depth += (c == "(") - (c == ")")
-        i += 1
+        depth += (token == "(") - (token == ")")
     return None
 
 
@@ -184,29 +196,17 @@ def unsupported_regex(pattern: str, backend: str) -> str | None:
     builds no automaton for lookaround, backreferences or word boundaries; xgrammar refuses lookbehind,
     backreferences, word boundaries and \\p{...} classes, and ignores a lookahead without a word (only a
     log line: `^(?!ab)[a-z]{2}$` takes "ab")."""
-    i, in_class = 0, False
-    while i < len(pattern):
-        c, following = pattern[i], pattern[i + 1 : i + 2]
-        if c == "\\":
-            if following in ("p", "P") and backend == "xgrammar":
-                return f"the Unicode class \\{following}{{...}}"
-            if not in_class and following in ("b", "B"):  # (in a class, \b is a backspace)
-                return f"the word boundary \\{following}"
-            if not in_class and following and following in "123456789k":
-                return "a backreference"
-            i += 2
-            continue
-        if in_class:
-            in_class = c != "]"
-        elif c == "[":
-            start = i + 1 + (following == "^")
-            i = start + (pattern[start : start + 1] == "]")  # a ']' first in a class is itself
-            in_class = True
-            continue
-        elif c == "(" and (kind := next((k for p, k in _LOOKAROUND.items() if pattern.startswith(p, i)), None)):
+    for i, token, in_class in _scan(pattern):
+        escaped = token[1:] if token.startswith("\\") else ""
+        if escaped in ("p", "P") and backend == "xgrammar":
+            return f"the Unicode class \\{escaped}{{...}}"
+        if not in_class and escaped in ("b", "B"):  # (in a class, \b is a backspace)
+            return f"the word boundary \\{escaped}"
+        if not in_class and escaped and escaped in "123456789k":
+            return "a backreference"
+        if token == "(" and (kind := next((k for p, k in _LOOKAROUND.items() if pattern.startswith(p, i)), None)):
             ignored = backend == "xgrammar" and kind == "lookahead"
             return f"a {kind} assertion" + (" (xgrammar ignores it: an output could break it)" if ignored else "")
-        i += 1
     return None
 
 
