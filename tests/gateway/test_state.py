@@ -19,7 +19,7 @@ routes:
 @pytest.mark.parametrize("enabled", [False, True])
 def test_a_route_with_speculation_off_loads_no_drafter(enabled: bool) -> None:
     # a request cannot turn speculation on where its route has it off, so nothing is loaded or timed for it
-    # (the draft head was loaded and the pass costs timed, ~5 s of a load, for nothing)
+    # (the draft head was loaded and the pass costs timed at load, for nothing)
     route = parse_policy(POLICY % str(enabled).lower(), "test.yaml").routes[0].local
     assert route is not None
     assert (route_engine(route).drafter is not None) == enabled
